@@ -1,0 +1,44 @@
+"""The streaming detector protocol and its registry.
+
+A detector sees records one at a time (`observe`) and once more at the end (`finish`), doing O(1)
+work per step. The same objects run live (monitor, watch), post hoc (analyze) and over probe arms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from lossguard.core.findings import Finding
+from lossguard.core.records import Record
+
+
+@runtime_checkable
+class Detector(Protocol):
+    code: str  # stable, never reused: LOSS001, GRAD002, ...
+    name: str  # dotted: loss.nan-filter-zero
+    signature: str | None  # the DESIGN.md signature this detector reports
+
+    def observe(self, record: Record) -> list[Finding]: ...
+
+    def finish(self) -> list[Finding]: ...
+
+
+# Registry: a plain list of factories, so tests can run every registered detector generically.
+_REGISTRY: list[Callable[[], Detector]] = []
+
+
+def register(factory: Callable[[], Detector]) -> Callable[[], Detector]:
+    _REGISTRY.append(factory)
+    return factory
+
+
+def registered() -> list[Callable[[], Detector]]:
+    # Importing the package registers every built-in detector.
+    import lossguard.detectors  # noqa: F401
+
+    return list(_REGISTRY)
+
+
+def make_detectors() -> list[Detector]:
+    return [factory() for factory in registered()]

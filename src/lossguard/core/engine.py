@@ -1,0 +1,152 @@
+"""The engine: one path from a record stream to findings, facts and a bounded picture of the run.
+
+Used by `analyze` (records from files), the live monitor (records from the job) and probe (one engine
+per arm). A detector that raises is reported once and switched off; the stream goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from lossguard.core.detector import Detector, make_detectors
+from lossguard.core.facts import RunFacts
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import EVAL, EVENT, TRAIN, Record
+from lossguard.core.series import SeriesBook
+
+# Records kept before and after the first warning for the timeline around the onset.
+_CONTEXT_BEFORE = 6
+_CONTEXT_AFTER = 6
+_MAX_FINDINGS = 500  # per code; a dead run can raise one finding per step for a million steps
+
+
+@dataclass(slots=True)
+class Stats:
+    num_train: int = 0
+    num_eval: int = 0
+    events: collections.Counter = field(default_factory=collections.Counter)
+    ranks: set = field(default_factory=set)
+    first_step: int | None = None
+    last_step: int | None = None
+    steps_are_ordinal: bool = False
+    sources: collections.Counter = field(default_factory=collections.Counter)
+
+
+@dataclass(slots=True)
+class EngineResult:
+    findings: list[Finding]
+    facts: RunFacts
+    stats: Stats
+    series: SeriesBook
+    onset_window: list[Record]
+    num_suppressed: int = 0
+
+
+class Engine:
+    def __init__(self, detectors: list[Detector] | None = None, facts: RunFacts | None = None) -> None:
+        self.detectors = make_detectors() if detectors is None else detectors
+        self.facts = facts or RunFacts()
+        self.stats = Stats()
+        self.series = SeriesBook()
+        self.findings: list[Finding] = []
+        self._per_code: collections.Counter = collections.Counter()
+        self._suppressed = 0
+        self._recent: collections.deque[Record] = collections.deque(maxlen=_CONTEXT_BEFORE)
+        self._window: list[Record] | None = None
+        self._after_left = _CONTEXT_AFTER
+        self._broken: set[str] = set()
+
+    # -- feeding -------------------------------------------------------------------------------
+    def feed(self, record: Record) -> list[Finding]:
+        self._account(record)
+        new: list[Finding] = []
+        for detector in self.detectors:
+            if detector.code in self._broken:
+                continue
+            try:
+                new.extend(detector.observe(record))
+            except Exception as exc:  # a lossguard bug must not stop the stream
+                new.append(self._internal_error(detector, exc))
+        self._keep(record, new)
+        return self._collect(new)
+
+    def feed_all(self, records) -> None:
+        for record in records:
+            self.feed(record)
+
+    def finish(self) -> EngineResult:
+        new: list[Finding] = []
+        for detector in self.detectors:
+            if detector.code in self._broken:
+                continue
+            try:
+                new.extend(detector.finish())
+            except Exception as exc:
+                new.append(self._internal_error(detector, exc))
+        self._collect(new)
+        return EngineResult(
+            findings=self.findings,
+            facts=self.facts,
+            stats=self.stats,
+            series=self.series,
+            onset_window=self._window or list(self._recent),
+            num_suppressed=self._suppressed,
+        )
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _account(self, record: Record) -> None:
+        stats = self.stats
+        stats.sources[record.source] += 1
+        if record.rank is not None:
+            stats.ranks.add(record.rank)
+        if record.kind == EVENT:
+            stats.events[record.event] += 1
+            if record.event == "facts":
+                for name, value in record.data.items():
+                    if hasattr(self.facts, name) and name != "origin":
+                        self.facts.set(name, value, record.where or "log")
+            return
+        if record.kind == TRAIN:
+            stats.num_train += 1
+        elif record.kind == EVAL:
+            stats.num_eval += 1
+        if record.step is not None:
+            if stats.first_step is None:
+                stats.first_step = record.step
+            stats.last_step = record.step if stats.last_step is None else max(stats.last_step, record.step)
+            stats.steps_are_ordinal = stats.steps_are_ordinal or record.step_is_ordinal
+            for name, value in record.signals.items():
+                self.series.add(name, record.rank, record.step, value)
+
+    def _keep(self, record: Record, new: list[Finding]) -> None:
+        if record.kind == EVENT and record.event == "facts":
+            return
+        if self._window is None:
+            self._recent.append(record)
+            if any(f.severity >= Severity.WARNING for f in new):
+                self._window = list(self._recent)
+        elif self._after_left > 0:
+            self._window.append(record)
+            self._after_left -= 1
+
+    def _collect(self, new: list[Finding]) -> list[Finding]:
+        kept = []
+        for finding in new:
+            self._per_code[finding.code] += 1
+            if self._per_code[finding.code] > _MAX_FINDINGS:
+                self._suppressed += 1
+                continue
+            kept.append(finding)
+        self.findings.extend(kept)
+        return kept
+
+    def _internal_error(self, detector: Detector, exc: Exception) -> Finding:
+        self._broken.add(detector.code)
+        return Finding(
+            code="LG000",
+            name="lossguard.internal-error",
+            severity=Severity.INFO,
+            message=f"detector {detector.code} ({detector.name}) failed and was switched off: "
+            f"{type(exc).__name__}: {exc}. Please report this; the other detectors ran.",
+        )

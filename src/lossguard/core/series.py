@@ -1,0 +1,45 @@
+"""Bounded per-signal series for plots and timelines: memory stays flat however long the run.
+
+Display only: detectors see every record; this keeps every k-th point and doubles k when full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Downsampled:
+    capacity: int = 2048
+    stride: int = 1
+    seen: int = 0
+    points: list[tuple[int, float]] = field(default_factory=list)
+
+    def add(self, step: int, value: float) -> None:
+        if self.seen % self.stride == 0:
+            self.points.append((step, value))
+            if len(self.points) >= self.capacity:
+                self.points = self.points[::2]
+                self.stride *= 2
+        self.seen += 1
+
+
+@dataclass(slots=True)
+class SeriesBook:
+    """(signal, rank) -> Downsampled. Rank None means the run-level (averaged) log."""
+
+    capacity: int = 2048
+    series: dict[tuple[str, int | None], Downsampled] = field(default_factory=dict)
+
+    def add(self, signal: str, rank: int | None, step: int, value: float) -> None:
+        key = (signal, rank)
+        line = self.series.get(key)
+        if line is None:
+            line = self.series[key] = Downsampled(capacity=self.capacity)
+        line.add(step, value)
+
+    def to_dict(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
+        out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        for (signal, rank), line in sorted(self.series.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+            out.setdefault(signal, {})["all" if rank is None else f"rank{rank}"] = line.points
+        return out

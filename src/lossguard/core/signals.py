@@ -1,0 +1,85 @@
+"""The signal catalog: canonical names, what they mean, and the source names that map onto them."""
+
+from __future__ import annotations
+
+import math
+
+# name -> meaning. Detectors, reports and the live monitor use only these names.
+SIGNALS: dict[str, str] = {
+    "loss": "training loss as logged (after the Trainer's NaN filter unless `raw_loss` exists)",
+    "raw_loss": "training loss before any logging filter (live monitor only)",
+    "grad_norm": "global gradient norm (DeepSpeed's when it exists; may be a sentinel)",
+    "lr": "learning rate of the first param group",
+    "loss_scale": "fp16 dynamic loss scale",
+    "num_label_tokens": "supervised tokens (labels != -100 after the shift) in the step",
+    "min_label_tokens": "smallest supervised-token count of any rank's micro-batch in the step",
+    "skipped_steps": "cumulative optimizer steps skipped (overflow)",
+    "param_fingerprint": "weight fingerprint of a rank's replica",
+    "eval_loss": "evaluation loss",
+    "epoch": "fractional epoch",
+    "update_ratio": "largest |update| / |weight| of any module group",
+    "grad_norm_unclipped": "gradient norm before clipping",
+    "step_time_s": "seconds per optimizer step",
+}
+
+# Source key (lower-cased, stripped) -> canonical name. One table for every format.
+ALIASES: dict[str, str] = {
+    "loss": "loss",
+    "train_loss": "loss",
+    "train/loss": "loss",
+    "lm loss": "loss",
+    "lm_loss": "loss",
+    "total_loss": "loss",
+    "raw_loss": "raw_loss",
+    "grad_norm": "grad_norm",
+    "grad norm": "grad_norm",
+    "gradient_norm": "grad_norm",
+    "train/grad_norm": "grad_norm",
+    "learning_rate": "lr",
+    "learning rate": "lr",
+    "lr": "lr",
+    "train/learning_rate": "lr",
+    "train/lr": "lr",
+    "loss_scale": "loss_scale",
+    "loss scale": "loss_scale",
+    "train/loss_scale": "loss_scale",
+    "number of skipped iterations": "skipped_steps",
+    "skipped_steps": "skipped_steps",
+    "skipped": "skipped_steps",
+    "num_label_tokens": "num_label_tokens",
+    "min_label_tokens": "min_label_tokens",
+    "eval_loss": "eval_loss",
+    "eval/loss": "eval_loss",
+    "validation loss": "eval_loss",
+    "val_loss": "eval_loss",
+    "epoch": "epoch",
+    "train/epoch": "epoch",
+    "update_ratio": "update_ratio",
+    "param_fingerprint": "param_fingerprint",
+}
+
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "current_steps", "train/global_step")
+
+
+def canonical(key: str) -> str | None:
+    """Canonical signal name for a source key, or None when it is not a signal we track."""
+    return ALIASES.get(key.strip().lower())
+
+
+def to_float(value: object) -> float | None:
+    """A logged value as float: numbers, numeric strings ('4.714', 'nan', 'NaN', 'inf'), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None
+
+
+def is_finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
