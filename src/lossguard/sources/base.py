@@ -1,0 +1,26 @@
+"""The source protocol: every log format is a module with `sniff` and `parse`.
+
+`sniff(path, head)` says from the file name and its first bytes whether this source reads the file;
+`parse(path)` yields records in file order. Sources translate their own key names to the signal
+catalog (`core.signals.canonical`) and never decide what is wrong: detectors do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from lossguard.core.records import Record
+
+
+class Source(Protocol):
+    name: str
+
+    def sniff(self, path: Path, head: bytes) -> bool: ...
+
+    def parse(self, path: Path) -> Iterator[Record]: ...
+
+
+class SourceError(ValueError):
+    """Raised with a message that names the file, the line or key, and what to do next."""
