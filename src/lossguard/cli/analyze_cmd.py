@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 
 import click
@@ -37,8 +35,9 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     except SourceError as exc:
         raise UserError(str(exc)) from None
     if fmt == "json":
-        json.dump(_json_safe(diagnosis.to_dict()), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from lossguard.report.json_report import write_json
+
+        write_json(diagnosis.to_dict(), sys.stdout)
     else:
         from lossguard.report.terminal import render
 
@@ -52,13 +51,3 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     if should_fail(diagnosis.findings, fail_on):
         sys.exit(1)
 
-
-def _json_safe(value):
-    """NaN/Inf are not JSON: write them as the strings "nan" / "inf" / "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value

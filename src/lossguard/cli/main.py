@@ -18,6 +18,7 @@ from lossguard import __version__
 # command name -> (module, attribute, one-line help). Add a command here and in its own module.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "analyze": ("lossguard.cli.analyze_cmd", "analyze", "Diagnose training logs: verdict, signature, onset, causes."),
+    "watch": ("lossguard.cli.watch_cmd", "watch", "Run a training command, diagnose it live, stop it when it dies."),
     "explain": ("lossguard.cli.explain_cmd", "explain", "Explain a signature id, detector code or lint rule."),
 }
 

@@ -94,6 +94,18 @@ class Engine:
             num_suppressed=self._suppressed,
         )
 
+    def snapshot(self) -> EngineResult:
+        """The picture so far without calling the detectors' `finish`: the live path (watch) diagnoses this
+        after each new finding and keeps feeding; `finish` is still called once at the end."""
+        return EngineResult(
+            findings=list(self.findings),
+            facts=self.facts,
+            stats=self.stats,
+            series=self.series,
+            onset_window=list(self._window or self._recent),
+            num_suppressed=self._suppressed,
+        )
+
     # -- bookkeeping -----------------------------------------------------------------------------
     def _account(self, record: Record) -> None:
         stats = self.stats
