@@ -64,6 +64,7 @@ class SignalSent:
 class WatchOutcome:
     exit_code: int
     returncode: int | None  # Popen style: negative = killed by that signal
+    pid: int | None = None  # the command's pid, also its process group id
     halted: bool = False
     halt_line: int | None = None
     halt_step: int | None = None
@@ -76,7 +77,8 @@ class WatchOutcome:
     ended_mid_line: bool = False  # the command's last output line had no newline: start ours on a new one
 
     def to_dict(self) -> dict:
-        return {"exit_code": self.exit_code, "returncode": self.returncode, "halted": self.halted,
+        return {"exit_code": self.exit_code, "returncode": self.returncode, "pid": self.pid,
+                "halted": self.halted,
                 "halt_line": self.halt_line, "halt_step": self.halt_step,
                 "signals": [vars(s) for s in self.signals], "leftover_pids": self.leftovers,
                 "wall_s": round(self.wall_s, 3), "num_lines": self.num_lines, "num_bytes": self.num_bytes,
@@ -179,7 +181,7 @@ class Watcher:
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         proc = subprocess.Popen(self.config.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 bufsize=0, **group)
-        self._pgid = proc.pid
+        self._pgid = self.outcome.pid = proc.pid
         for pipe in (proc.stdout, proc.stderr):
             os.set_blocking(pipe.fileno(), False)
             _try_grow_pipe(pipe.fileno())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -57,7 +58,11 @@ def ds_config(stage: int, bf16: bool) -> dict:
 
 
 def run_trainer(args) -> None:
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class StepTime(TrainerCallback):
+        def on_step_end(self, *_args, **_kwargs):
+            time.sleep(args.step_sleep)
 
     config = ds_config(stage=2, bf16=False)
     config["train_micro_batch_size_per_gpu"] = "auto"
@@ -69,7 +74,7 @@ def run_trainer(args) -> None:
         learning_rate=1e-3, warmup_steps=2, logging_steps=args.logging_steps, save_strategy="no",
         report_to=[], seed=0, dataloader_num_workers=0, use_cpu=True, deepspeed=config)
     trainer = Trainer(model=tiny_model(), args=training_args,
-                      train_dataset=dataset(64, args.masked), data_collator=collate)
+                      train_dataset=dataset(64, args.masked), data_collator=collate, callbacks=[StepTime()])
     trainer.train()
 
 
@@ -96,6 +101,7 @@ def run_raw(args) -> None:
                 loss = loss * float("inf")  # the fault: one non-finite loss, on one rank, once
             engine.backward(loss)
             engine.step()
+            time.sleep(args.step_sleep)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float("nan") if grad_norm is None else float(grad_norm)
             if rank == 0:
@@ -113,6 +119,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--logging-steps", type=int, default=1)
     parser.add_argument("--inf-step", type=int, default=5)
+    # Seconds added to every step: a realistic step time, so "one logging interval" is longer than a
+    # signal's round trip through torchrun (the tiny model alone takes ~50 ms a step).
+    parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--out", default=os.environ.get("TMPDIR", "/tmp") + "/tiny_train_out")
     args = parser.parse_args()
     run_trainer(args) if args.mode == "trainer" else run_raw(args)
