@@ -34,7 +34,7 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
 # Fast pre-filter: a line is looked at only if it contains one of these. Everything the parsers and
 # EVENT_PATTERNS need must have its anchor here.
 ANCHORS = re.compile(
-    rb"\{'|\{\"|OVERFLOW|Overflow|overflow|loss scale|step=\d|mismatch|requires_grad|lr value|learning rate"
+    rb"\{'|\{\"|OVERFLOW|Overflow|overflow|loss scale|skipped=|mismatch|requires_grad|lr value|learning rate"
     rb"|response key|response template|trainable parameters|DeepSpeed info|zero_config|_enabled \.|"
     rb"communication_data_type|iteration |Epoch\(|Iter\(|tensor b|inf/nan|cuDNN SDPA|use_reentrant"
     rb"|ZeRO stage|world_size|WORLD INFO|Creating|\.\.\.\. "
