@@ -147,20 +147,25 @@ class Watcher:
     def run(self) -> WatchOutcome:
         """Raises FileNotFoundError / PermissionError when the command cannot be started."""
         self._t0 = time.monotonic()
-        if self.config.log_path is not None:  # before the spawn: a bad path must not leave a job running
-            self._log = open(self.config.log_path, "wb", buffering=0)  # noqa: SIM115 - closed in finally
+        # Signal handlers go in before the spawn: a Ctrl-C in between is queued and forwarded, never lost
+        # with the job left running. The log is opened first: a bad path must not leave a job running.
+        self._wake_r, self._wake_w = socket.socketpair()
+        for sock in (self._wake_r, self._wake_w):
+            sock.setblocking(False)
+        restore = self._install_signal_handlers()
         try:
+            if self.config.log_path is not None:
+                self._log = open(self.config.log_path, "wb", buffering=0)  # noqa: SIM115 - closed below
             self._proc = self._spawn()
         except BaseException:
+            restore()
+            self._wake_r.close()
+            self._wake_w.close()
             if self._log is not None:
                 self._log.close()
             raise
         self._streams = {s.fd: s for s in (_Stream(self._proc.stdout, self.config.stdout_fd),
                                            _Stream(self._proc.stderr, self.config.stderr_fd))}
-        self._wake_r, self._wake_w = socket.socketpair()
-        for sock in (self._wake_r, self._wake_w):
-            sock.setblocking(False)
-        restore = self._install_signal_handlers()
         try:
             self._loop()
         finally:
