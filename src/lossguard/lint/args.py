@@ -80,6 +80,11 @@ def _to_number(value: Any, kind: type) -> Any:
 def normalize(raw: dict[str, Any], origin: str) -> dict[str, Any]:
     """Map framework keys to HF names and coerce types; unknown keys pass through unchanged."""
     out: dict[str, Any] = {"origin": origin}
+    if isinstance(raw.get("training_args"), dict):  # GLM-4 finetune_demo YAML nests the HF arguments
+        peft = raw.get("peft_config")
+        raw = {**raw, **raw["training_args"]}
+        if isinstance(peft, dict) and str(peft.get("peft_type", "")).upper() == "LORA":
+            raw.setdefault("lora", True)
     framework = "hf"
     if any(k in raw for k in ("finetuning_type", "template", "cutoff_len")):
         framework = "llamafactory"

@@ -16,6 +16,8 @@ from lossguard.lint.resolve import Resolution, resolve
 
 Path = tuple[str, ...]
 _MISSING = object()
+# Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
+LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes"})
 
 
 def split(path: str | Path) -> Path:
@@ -64,7 +66,12 @@ class LintContext:
     def __post_init__(self) -> None:
         if not isinstance(self.raw, dict):
             self.raw = {}
-        self.resolution = resolve(self.raw, self.args)
+        self.resolution = resolve(self.raw, self.args if self.hf_args else None)
+
+    @property
+    def hf_args(self) -> bool:
+        """Training arguments are known (not just launch facts such as --world-size)."""
+        return bool(self.args) and bool(set(self.args) - LAUNCH_KEYS)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -123,11 +130,11 @@ class LintContext:
         value = section.get("enabled") if isinstance(section, dict) else None
         if value is not None and value != "auto":
             return as_bool(value)
-        if self.args and kind in self.args:
+        if self.hf_args and kind in self.args:
             return bool(self.args[kind])
         if value == "auto":
             return None
-        return False if not self.args else bool(self.args.get(kind, False))
+        return False if not self.hf_args else bool(self.args.get(kind, False))
 
     @property
     def bf16(self) -> bool | None:

@@ -83,7 +83,7 @@ def _fill(res: Resolution, path: Path, hf_value: Any, hf_key: str, must_match: b
         return
     if node[key] == "auto":
         if hf_value is None:
-            res.unresolved[path] = f"needs {hf_key}, which is unknown here (world size not given?)"
+            res.unresolved[path] = (f"needs {hf_key}, which is unknown here" + ("" if "calculated" not in hf_key else ": pass --world-size or a launcher option such as --num_gpus"))
             return
         node[key] = hf_value
         res.filled[path] = (hf_value, hf_key)

@@ -181,12 +181,12 @@ class AutoUnresolved(Rule):
     examples = (
         Example({"train_micro_batch_size_per_gpu": "auto"}, valid=False),
         Example({"train_micro_batch_size_per_gpu": "auto"}, valid=True, args={"per_device_train_batch_size": 4}),
-        Example({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, valid=False, args={},
-                note="hidden size unknown"),
+        Example({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, valid=False,
+                args={"learning_rate": 1e-5}, note="hidden size unknown"),
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        unresolved = {p: why for p, why in ctx.resolution.unresolved.items() if p[0] != "scheduler" or not ctx.args}
+        unresolved = {p: why for p, why in ctx.resolution.unresolved.items() if p[0] != "scheduler" or not ctx.hf_args}
         if not unresolved:
             return
         keys = ", ".join(".".join(p) for p in unresolved)
@@ -276,6 +276,8 @@ class DeepSpeedSchema(Rule):
         for path in auto_paths(config):  # what HF would fill at runtime; drop so DeepSpeed uses defaults
             node = get_in(config, path[:-1]) if len(path) > 1 else config
             node.pop(path[-1], None)
+        if "train_micro_batch_size_per_gpu" in config and "gradient_accumulation_steps" in config:
+            config.pop("train_batch_size", None)  # DeepSpeed derives it for its own world size (DSC111 checks)
         if not any(k in config for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
             config["train_micro_batch_size_per_gpu"] = 1
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)

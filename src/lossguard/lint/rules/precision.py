@@ -80,7 +80,7 @@ class Bf16OverflowCheck(Rule):
             return
         edits = [set_(".".join((*path, "check_grad_overflow")), True)]
         if not isinstance(ctx.raw.get(path[0]), dict):
-            edits = [set_(path[0], {"enabled": "auto" if ctx.args else True, "check_grad_overflow": True})]
+            edits = [set_(path[0], {"enabled": "auto" if ctx.hf_args else True, "check_grad_overflow": True})]
         fix = Fix(f"set {path[0]}.check_grad_overflow to true (skips the step instead of applying NaN)", safe=True,
                   edits=tuple(edits))
         yield self.finding(ctx, msg, ".".join((*path, "check_grad_overflow")), fix=fix)

@@ -34,7 +34,7 @@ class NanInfFilter(Rule):
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        if ctx.args is None or ctx.arg("logging_nan_inf_filter", True) is False:
+        if not ctx.hf_args or ctx.arg("logging_nan_inf_filter", True) is False:
             return
         given = "is True" if "logging_nan_inf_filter" in ctx.args else "is unset (default True)"
         yield self.finding(ctx, f"logging_nan_inf_filter {given}: NaN/Inf losses are logged as 0.0, hiding a dead run",
