@@ -14,7 +14,6 @@ from lossguard.lint.args import load_args_file, normalize
 from lossguard.lint.context import LintContext
 from lossguard.lint.document import ConfigError, Document, load_config, read_document
 from lossguard.lint.env import installed_versions, versions_from_file
-from lossguard.lint.fix import apply_to_dict, apply_to_text
 from lossguard.lint.rules import select_rules
 from lossguard.lint.rules.base import Edit, fix_of
 
@@ -84,6 +83,8 @@ def fixable(finding: Finding, unsafe: bool) -> bool:
 def fix_document(doc: Document, ctx_kwargs: dict[str, Any], *, unsafe: bool = False,
                  select: list[str] | None = None, ignore: list[str] | None = None, max_rounds: int = 5) -> FixResult:
     """Apply fixes until none applies (a fix can enable another, e.g. overlap off → no bucket finding)."""
+    from lossguard.lint.fix import apply_to_dict, apply_to_text
+
     result = FixResult(text=doc.text, data=doc.data)
     current = doc
     for _ in range(max_rounds):

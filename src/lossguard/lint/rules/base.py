@@ -4,7 +4,6 @@ docstring (what, why, fix, evidence) and examples that run as tests.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -69,6 +68,8 @@ class Rule:
 
     @classmethod
     def doc(cls) -> str:
+        import inspect  # lazy: inspect pulls in ast, which `lossguard lint` does not need
+
         return inspect.cleandoc(cls.__doc__ or "")
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:  # pragma: no cover - abstract

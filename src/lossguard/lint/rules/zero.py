@@ -175,6 +175,8 @@ class MultiRankBucketAllreduce(Rule):
     "grad_norm always 1.0, and loss 0" and 0.13.5 "grad_norm always nan"; #5347 the same on 0.14.0.
     Until 0.13.0 (PR #4946) ZeRO-2 ignored `use_multi_rank_bucket_allreduce: false`.
 
+    Only with `overlap_comm: true`: serialising the reduction made it go away in every report.
+
     Fix: on 0.13.0-0.14.x set `"use_multi_rank_bucket_allreduce": false` (safe: slower, same math).
     On 0.12.4-0.12.x that flag is ignored: upgrade DeepSpeed or set `overlap_comm: false`.
     """
@@ -191,22 +193,24 @@ class MultiRankBucketAllreduce(Rule):
                                              "use_multi_rank_bucket_allreduce": False}}),
         Example(ZERO2_OVERLAP, valid=False, env={"deepspeed": "0.12.6"}, note="flag ignored there: no config fix"),
         Example(ZERO2_OVERLAP, valid=True, env={"deepspeed": "0.12.3"}),
-        Example({"zero_optimization": {"stage": 2, "use_multi_rank_bucket_allreduce": False}}, valid=True,
-                env={"deepspeed": "0.14.0"}),
+        Example({"zero_optimization": {"stage": 2, "overlap_comm": True, "use_multi_rank_bucket_allreduce": False}},
+                valid=True, env={"deepspeed": "0.14.0"}),
+        Example(ZERO2_SAFE, valid=True, env={"deepspeed": "0.12.6"}, note="overlap off: the #5242 workaround"),
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if ctx.zero_stage not in (1, 2) or not ctx.multi_rank or not ctx.in_range("deepspeed", "0.12.4", "0.15.0"):
             return
+        if not ctx.overlap_comm:  # serialised reduction: the workaround that worked in #5242
+            return
         flag = as_bool(ctx.section("zero_optimization").get("use_multi_rank_bucket_allreduce", True))
         version = ctx.version("deepspeed")
         if ctx.in_range("deepspeed", "0.12.4", "0.13.0"):
-            overlap = " and overlap_comm is true" if ctx.overlap_comm else ""
             yield self.finding(ctx, f"DeepSpeed {version} runs ZeRO-{ctx.zero_stage} through the multi-rank bucket "
-                               f"all-reduce path (loss 0 / grad_norm 1.0 in #5242){overlap}; this version ignores "
+                               "all-reduce path with overlap_comm (loss 0 / grad_norm 1.0 in #5242); this version ignores "
                                "use_multi_rank_bucket_allreduce: false", "zero_optimization.use_multi_rank_bucket_allreduce",
                                fix=Fix("upgrade DeepSpeed (>= 0.19.3) or set overlap_comm: false", safe=False),
-                               severity=Severity.ERROR if ctx.overlap_comm else None)
+                               severity=Severity.ERROR)
             return
         if flag is False:
             return
