@@ -49,8 +49,8 @@ def build_log(path: Path, num_lines: int, seed: int = 0) -> None:
                 f"epoch=0/micro_step={step}/global_step={step}, RunningAvgSamplesPerSec={rate * 8:.3f}, "
                 f"CurrSamplesPerSec={rate * 8:.3f}, MemAllocated=13.2GB, MaxMemAllocated=21.0GB",
                 f"{100 * step // total:3d}%|###       | {step}/{total} [01:{step % 60:02d}<10:00, {rate:.2f}it/s]",
-                f"[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | fwd: 120.1 | "
-                f"bwd: 240.2 | bwd_inner: 230.1 | bwd_allreduce: 10.0 | step: 30.3",
+                "[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | fwd: 120.1 | "
+                "bwd: 240.2 | bwd_inner: 230.1 | bwd_allreduce: 10.0 | step: 30.3",
             ]
             if step % 10 == 0:
                 lines.append(f"{{'loss': {loss:.4f}, 'grad_norm': {rng.uniform(0.5, 2):.4f}, "

@@ -103,3 +103,14 @@ def test_findings_per_code_are_capped():
 
 def test_event_helper_is_an_event():
     assert event("overflow", step=3).kind == EVENT
+
+
+def test_wants_name_only_catalog_signals_or_known_events():
+    from lossguard.core.signals import SIGNALS
+    from lossguard.sources.patterns import EVENT_PATTERNS
+
+    events = {name for name, _ in EVENT_PATTERNS} | {"no-grad", "trainable-not-in-optimizer", "facts"}
+    for factory in FACTORIES:
+        wants = getattr(factory(), "wants", None)
+        if wants is not None:
+            assert wants <= set(SIGNALS) | events, (factory, wants - set(SIGNALS) - events)

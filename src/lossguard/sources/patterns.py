@@ -31,6 +31,15 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
     ("cudnn-sdpa", re.compile(rb"cuDNN SDPA backward got grad_output\.strides\(\) != output\.strides\(\)")),
 ]
 
+# A literal every match of the pattern contains: `needle in line` is far cheaper than a regex search,
+# so a line meets only the patterns it could match.
+EVENT_NEEDLES: list[tuple[bytes, str, re.Pattern[bytes]]] = [
+    (needle, name, pattern) for needle, (name, pattern) in zip(
+        (b"OVERFLOW", b"verflow", b"loss scale", b"tokenization mismatch", b"lr", b"requires_grad",
+         b"use_reentrant", b"Could not find response", b"trainable parameters", b"tensor b", b"inf/nan",
+         b"cuDNN SDPA"), EVENT_PATTERNS)
+]
+
 # Fast pre-filter: a line is parsed only if it contains one of these fixed strings. Everything the
 # parsers and EVENT_PATTERNS need must have its anchor here. Fixed strings (not regexes) so that
 # `grep -F` can do the scan when it is available (see text_log.iter_file_lines).

@@ -45,15 +45,15 @@ class TextLogParser:
             if record is not None:
                 out.append(record)
                 return out
-        for name, pattern in P.EVENT_PATTERNS:
-            match = pattern.search(line)
-            if match:
+        for needle, name, pattern in P.EVENT_NEEDLES:
+            if needle in line and (match := pattern.search(line)):
                 out.append(self._event(name, match, line_no))
                 return out
-        for parse in (self._ds_step, self._megatron, self._mmengine, self._facts):
-            records = parse(line, line_no)
-            if records:
-                return records
+        for needle, parse in self._PARSERS:
+            if needle in line:
+                records = parse(self, line, line_no)
+                if records:
+                    return records
         return out
 
     # -- HF Trainer dicts ----------------------------------------------------------------------------
@@ -190,6 +190,16 @@ class TextLogParser:
         if not facts:
             return []
         return [Record(step=None, kind=EVENT, event="facts", data=facts, source=self.source, line_no=line_no)]
+
+
+# (a literal the line must contain, parser): cheap dispatch for the numeric line formats.
+TextLogParser._PARSERS = (
+    (b"skipped=", TextLogParser._ds_step),
+    (b"iteration ", TextLogParser._megatron),
+    (b"(train)", TextLogParser._mmengine),
+    (b"(val)", TextLogParser._mmengine),
+    (b" ", TextLogParser._facts),
+)
 
 
 def _facts_from_line(line: bytes) -> dict:
