@@ -139,7 +139,7 @@ class Engine:
             return
         if self._window is None:
             self._recent.append(record)
-            if any(f.severity >= Severity.WARNING for f in new):
+            if new and any(f.severity >= Severity.WARNING for f in new):
                 self._window = list(self._recent)
         elif self._after_left > 0:
             self._window.append(record)
