@@ -20,7 +20,15 @@ from lossguard.core.findings import Finding
 from lossguard.core.records import EVENT
 from lossguard.diagnose.ranking import Cause
 from lossguard.report import html_assets
-from lossguard.report.svg import Point, fmt_value, make_plot, render_svg, x_range_of
+from lossguard.report.svg import (
+    MAX_POINTS_PER_PAGE,
+    MAX_POINTS_PER_PLOT,
+    Point,
+    fmt_value,
+    make_plot,
+    render_svg,
+    x_range_of,
+)
 
 # signal -> (panel title, log scale allowed). Order is the page's order; other signals follow.
 PANELS: dict[str, tuple[str, bool]] = {
@@ -158,12 +166,14 @@ def _plots(series: Series, markers: Sequence[tuple[str, int]]) -> tuple[str, dic
     x_range = x_range_of(series)
     order = [s for s in PANELS if s in series] + sorted(s for s in series if s not in PANELS and s not in _NOT_PLOTTED)
     html_parts, data = [], {}
+    per_plot = min(MAX_POINTS_PER_PLOT, MAX_POINTS_PER_PAGE // max(1, len(order)))
     for i, signal in enumerate(order):
         lines = {name: points for name, points in series[signal].items() if points}
         if not lines:
             continue
         title, log_ok = PANELS.get(signal, (signal, False))
-        plot = make_plot(signal, title, lines, x_range, markers=markers, log_allowed=log_ok)
+        plot = make_plot(signal, title, lines, x_range, markers=markers, log_allowed=log_ok,
+                         max_points=per_plot)
         plot_id = f"plot-{i}"
         data[plot_id] = plot.to_data()
         html_parts.append(f'<figure class="plot" id="fig-{escape(signal)}" data-signal="{escape(signal)}">'

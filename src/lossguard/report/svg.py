@@ -23,8 +23,10 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#1
            "#7f7f7f", "#393b79")
 NONFINITE_COLOR = "#d62728"
 MARKER_COLOR = "#d62728"
+# Display budget: ~30 bytes per point (SVG path + JSON), so a page of 36k points stays near 1 MB.
 MAX_POINTS_PER_LINE = 900
 MAX_POINTS_PER_PLOT = 6000
+MAX_POINTS_PER_PAGE = 36000
 _LOG_MIN_DECADES = 2.0
 
 
@@ -55,9 +57,10 @@ class Plot:
 
 
 def make_plot(signal: str, title: str, series: Mapping[str, Sequence[Point]], x_range: tuple[float, float],
-              *, markers: Sequence[tuple[str, int]] = (), log_allowed: bool = False) -> Plot:
+              *, markers: Sequence[tuple[str, int]] = (), log_allowed: bool = False,
+              max_points: int = MAX_POINTS_PER_PLOT) -> Plot:
     """Thin each named series for display and fix the axes. `series` maps a line name to (step, value)."""
-    budget = max(40, min(MAX_POINTS_PER_LINE, MAX_POINTS_PER_PLOT // max(1, len(series))))
+    budget = max(40, min(MAX_POINTS_PER_LINE, max_points // max(1, len(series))))
     lines = [Line(name, PALETTE[i % len(PALETTE)], thin(sorted(points, key=lambda p: p[0]), budget))
              for i, (name, points) in enumerate(series.items())]
     finite = [v for line in lines for _, v in line.points if math.isfinite(v)]
@@ -275,4 +278,5 @@ def _kind(value: float) -> str:
 
 
 def _json_value(value: float) -> float | str:
-    return value if math.isfinite(value) else _kind(value)
+    # 8 significant digits: enough to read a sentinel (1.4142136 = sqrt 2) in the hover, half the bytes.
+    return float(f"{value:.8g}") if math.isfinite(value) else _kind(value)
