@@ -47,6 +47,8 @@ PANELS: dict[str, tuple[str, bool]] = {
     "param_fingerprint": ("weight fingerprint", False),
 }
 _NOT_PLOTTED = {"epoch"}
+# The file name `watch`, `probe` and `demo` write under their `--report DIR`.
+REPORT_FILENAME = "report.html"
 _MAX_FINDING_ROWS = 300
 _VERDICTS = ("healthy", "warning", "broken")
 
@@ -112,10 +114,12 @@ def render_html(
 
 
 def diagnosis_html(diagnosis, *, title: str | None = None, series: Series | None = None,
-                   tables: Sequence[Table] = ()) -> str:
-    """The report of a `Diagnosis`. `series` replaces the run's own (probe: one line per arm)."""
+                   markers: Sequence[tuple[str, int]] | None = None, tables: Sequence[Table] = ()) -> str:
+    """The report of a `Diagnosis`. `series` replaces the run's own (probe: one line per arm, see
+    `merge_series`); `markers` replaces the onset marker; `tables` are added after the causes."""
     result = diagnosis.result
-    markers = [("onset", diagnosis.onset_step)] if diagnosis.onset_step is not None else []
+    if markers is None:
+        markers = [("onset", diagnosis.onset_step)] if diagnosis.onset_step is not None else []
     window = _onset_table(diagnosis)
     return render_html(
         series=series if series is not None else result.series.to_dict(),
@@ -136,12 +140,31 @@ def diagnosis_html(diagnosis, *, title: str | None = None, series: Series | None
 
 
 def write_html(diagnosis, path: str | Path, *, title: str | None = None, series: Series | None = None,
-               tables: Sequence[Table] = ()) -> Path:
-    """Write the report of `diagnosis` to `path` (parent directories are created). Returns the path."""
+               markers: Sequence[tuple[str, int]] | None = None, tables: Sequence[Table] = ()) -> Path:
+    """Write the report of `diagnosis` to `path` (parent directories are created). Returns the path.
+
+    Commands with `--report DIR` write `DIR / REPORT_FILENAME`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(diagnosis_html(diagnosis, title=title, series=series, tables=tables), encoding="utf-8")
+    page = diagnosis_html(diagnosis, title=title, series=series, markers=markers, tables=tables)
+    path.write_text(page, encoding="utf-8")
     return path
+
+
+def merge_series(named: Mapping[str, Series]) -> dict[str, dict[str, list[Point]]]:
+    """Several runs' series on the same plots, e.g. probe's arms: `{"baseline": book.to_dict(), ...}`.
+
+    A run's single run-level line takes the run's name; rank lines become `"NAME rank0"`.
+    """
+    out: dict[str, dict[str, list[Point]]] = {}
+    for run_name, series in named.items():
+        for signal, lines in series.items():
+            only_all = list(lines) == ["all"]
+            for line_name, points in lines.items():
+                label = run_name if only_all else f"{run_name} {line_name}"
+                out.setdefault(signal, {})[label] = list(points)
+    return out
 
 
 def script_json(value: Any) -> str:
@@ -241,16 +264,19 @@ def _findings(findings: Sequence[Finding], num_suppressed: int) -> str:
     if not findings:
         return '<h2 id="findings">Findings</h2><p class="note">No findings.</p>'
     shown = sorted(findings, key=lambda f: (-f.severity, f.step is None, f.step or 0))[:_MAX_FINDING_ROWS]
+    located = any(f.location for f in shown)
     rows = "".join(
         f'<tr><td><code>{escape(f.code)}</code></td><td class="sev-{escape(str(f.severity))}">{escape(str(f.severity))}</td>'
         f'<td class="num">{"" if f.step is None else f.step}</td><td class="num">{"" if f.rank is None else f.rank}</td>'
-        f"<td>{escape(f.message)}</td><td class=\"mono\">{escape(f.location or '')}</td></tr>"
+        f"<td>{escape(f.message)}</td>"
+        + (f'<td class="mono">{escape(f.location or "")}</td>' if located else "") + "</tr>"
         for f in shown)
     hidden = len(findings) - len(shown) + num_suppressed
     note = (f'<p class="note">{hidden} more findings not shown (repeats of the codes above); '
             "`lossguard analyze --format json` lists them.</p>") if hidden > 0 else ""
+    where = "<th>where</th>" if located else ""
     return ('<h2 id="findings">Findings</h2><table class="findings"><tr><th>code</th><th>severity</th>'
-            f"<th>step</th><th>rank</th><th>message</th><th>where</th></tr>{rows}</table>{note}")
+            f"<th>step</th><th>rank</th><th>message</th>{where}</tr>{rows}</table>{note}")
 
 
 def _run(facts: Mapping[str, Any], origin: Mapping[str, str], inputs: Sequence[str]) -> str:
@@ -286,7 +312,7 @@ def _headline(diagnosis) -> str:
 
 def _summary(diagnosis) -> list[str]:
     stats = diagnosis.result.stats
-    line = f"{stats.num_train} training logs, {stats.num_eval} eval logs"
+    line = f"{stats.num_train:,} training logs, {stats.num_eval:,} eval logs"
     if stats.first_step is not None:
         line += f", steps {stats.first_step} to {stats.last_step}"
     if stats.ranks:
@@ -304,7 +330,8 @@ def _onset_table(diagnosis) -> Table | None:
         return None
     signals = [s for s in PANELS if any(s in r.signals for r in window)]
     ranked = any(r.rank is not None for r in window)
-    header = ["step"] + (["rank"] if ranked else []) + signals + ["event", "where"]
+    has_events = any(r.event for r in window)
+    header = ["step"] + (["rank"] if ranked else []) + signals + (["event"] if has_events else []) + ["where"]
     rows, highlight = [], set()
     for i, record in enumerate(window):
         if record.step is not None and record.step == diagnosis.onset_step:
@@ -313,7 +340,7 @@ def _onset_table(diagnosis) -> Table | None:
         if ranked:
             row.append(record.rank)
         row += [record.signals.get(s) for s in signals]
-        row += [record.event or "", record.where]
+        row += ([record.event or ""] if has_events else []) + [record.where]
         rows.append(row)
     return Table("Around the onset", header, rows, highlight=highlight,
                  note=f"The first step of {diagnosis.signature} is highlighted.")
@@ -325,4 +352,5 @@ def _version() -> str:
     return __version__
 
 
-__all__ = ["PANELS", "Series", "Table", "diagnosis_html", "render_html", "script_json", "write_html"]
+__all__ = ["PANELS", "REPORT_FILENAME", "Series", "Table", "diagnosis_html", "merge_series", "render_html",
+           "script_json", "write_html"]

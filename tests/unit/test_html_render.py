@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lossguard.api import analyze
 from lossguard.core.series import Downsampled, SeriesBook
-from lossguard.report.html import PANELS, diagnosis_html, render_html, script_json, write_html
+from lossguard.report.html import PANELS, diagnosis_html, merge_series, render_html, script_json, write_html
 from lossguard.report.svg import make_plot, nice_ticks, render_svg, thin
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -132,3 +132,13 @@ def test_empty_and_healthy_reports_render():
     assert "No numeric signals were logged" in page and 'class="banner unknown"' in page
     page = render_html(series={"loss": {"all": [(1, 1.0)]}}, verdict="healthy")
     assert 'class="banner healthy"' in page and "<circle" in page  # a single point still shows
+
+
+def test_merge_series_names_one_line_per_arm_and_rank():
+    baseline = {"loss": {"all": [(1, 2.0)]}, "grad_norm": {"rank0": [(1, 1.0)], "rank1": [(1, 1.1)]}}
+    fixed = {"loss": {"all": [(1, 2.1)]}}
+    merged = merge_series({"baseline": baseline, "overlap_comm=false": fixed})
+    assert merged == {"loss": {"baseline": [(1, 2.0)], "overlap_comm=false": [(1, 2.1)]},
+                      "grad_norm": {"baseline rank0": [(1, 1.0)], "baseline rank1": [(1, 1.1)]}}
+    page = render_html(series=merged, markers=[("onset (baseline)", 1)])
+    assert "overlap_comm=false" in page and "onset (baseline)" in page
