@@ -19,6 +19,9 @@ from lossguard import __version__
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "analyze": ("lossguard.cli.analyze_cmd", "analyze", "Diagnose training logs: verdict, signature, onset, causes."),
     "explain": ("lossguard.cli.explain_cmd", "explain", "Explain a signature id, detector code or lint rule."),
+    "lint": ("lossguard.cli.lint_cmd", "lint", "Check a DeepSpeed config, training arguments and versions before a run."),
+    "rules": ("lossguard.cli.lint_cmd", "rules", "List the lint rules: code, name, severity, fix, summary."),
+    "env": ("lossguard.cli.lint_cmd", "env", "Print package versions and GPU facts to paste into an issue."),
 }
 
 

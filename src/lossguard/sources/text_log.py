@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ast
 import collections
+import os
+import shutil
+import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -304,10 +307,63 @@ def iter_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
             yield line_no + 1, tail
 
 
+def iter_grep_lines(stream_or_path: BinaryIO | Path) -> Iterator[tuple[int, bytes]] | None:
+    """Like `iter_lines`, with `grep -F` doing the scan: it finds the few anchor-bearing lines of a big
+    log many times faster than Python's regex alternation. None when grep is not available."""
+    grep = shutil.which("grep")
+    if grep is None or os.environ.get("LOSSGUARD_NO_GREP"):
+        return None
+    args = [grep, "-F", "-a", "-n", "--no-messages"]
+    for anchor in P.ANCHOR_STRINGS:
+        args += ["-e", anchor]
+    if isinstance(stream_or_path, Path):
+        args += ["--", str(stream_or_path)]
+        stdin = subprocess.DEVNULL
+    else:
+        stdin = stream_or_path
+    try:
+        proc = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "LC_ALL": "C"})
+    except OSError:
+        return None
+    return _read_grep(proc)
+
+
+def _read_grep(proc: subprocess.Popen) -> Iterator[tuple[int, bytes]]:
+    try:
+        for raw in proc.stdout:
+            number, _, line = raw.partition(b":")
+            yield int(number), line.rstrip(b"\n")
+    finally:
+        proc.stdout.close()
+        proc.kill()
+        proc.wait()
+
+
 def parse_stream(stream: BinaryIO, source: str) -> Iterator[Record]:
     parser = TextLogParser(source)
-    for line_no, line in iter_lines(stream):
+    lines = iter_grep_lines(stream) if _is_real_file(stream) else None
+    for line_no, line in lines if lines is not None else iter_lines(stream):
         yield from parser.parse_line(line, line_no)
+
+
+def parse_file(path: Path) -> Iterator[Record]:
+    lines = iter_grep_lines(path)
+    if lines is None:
+        with open(path, "rb") as stream:
+            yield from parse_stream(stream, path.name)
+        return
+    parser = TextLogParser(path.name)
+    for line_no, line in lines:
+        yield from parser.parse_line(line, line_no)
+
+
+def _is_real_file(stream: BinaryIO) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False  # an in-memory stream: scan it in Python
+    return True
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
@@ -324,5 +380,4 @@ class TextLogSource:
         return b"\x00" not in head[:4096]
 
     def parse(self, path: Path) -> Iterator[Record]:
-        with open(path, "rb") as stream:
-            yield from parse_stream(stream, path.name)
+        yield from parse_file(path)
