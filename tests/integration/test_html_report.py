@@ -74,9 +74,7 @@ def _plot_pixels(browser: Browser, selector: str):
 
 def test_hidden_nan_report_from_the_cli_renders_offline(browser, tmp_path):
     report = tmp_path / "report.html"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(FIXTURES / "hf_hidden_nan.log"),
-                          "--html", str(report)], env=env, capture_output=True, text=True, timeout=120)
+    run = _cli("analyze", FIXTURES / "hf_hidden_nan.log", "--html", report)
     assert run.returncode == 1, run.stderr  # critical findings
     assert f"HTML report: {report}" in run.stdout
 
@@ -111,11 +109,9 @@ def test_nan_points_show_as_red_markers(browser, tmp_path):
 def test_markup_in_log_names_config_values_and_series_names_stays_text(browser, tmp_path):
     evil_log = tmp_path / "run<img src=x onerror=alert(2)>.log"
     shutil.copy(FIXTURES / "hf_hidden_nan.log", evil_log)
-    from lossguard.cli.options import load_known_facts
-
-    facts = load_known_facts(str(FIXTURES / "ds_config_xss.json"), None)
-    diagnosis = analyze([evil_log], facts=facts)
-    report = write_html(diagnosis, tmp_path / "xss.html")
+    report = tmp_path / "xss.html"
+    run = _cli("analyze", evil_log, "--config", FIXTURES / "ds_config_xss.json", "--html", report)
+    assert run.returncode == 1, run.stderr
     _assert_clean(browser.open(report), report)
     text = browser.evaluate("document.body.innerText")
     assert XSS in text  # the config value, shown as text
@@ -168,6 +164,13 @@ def test_many_ranks_many_points_render(browser, tmp_path):
     page.write_text(render_html(series=series, verdict="warning", markers=[("onset", 61_000)]), encoding="utf-8")
     _assert_clean(browser.open(page), page)
     assert browser.evaluate("document.querySelectorAll('path.series').length") == 48
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    """`python -m lossguard ARGS` in a real subprocess with this checkout's src on the path."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "lossguard", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=120)
 
 
 def _near(color: tuple, target: tuple, tolerance: int = 40) -> bool:
