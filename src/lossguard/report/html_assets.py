@@ -89,12 +89,12 @@ JS = """
       var x = (ev.clientX - rect.left) * vb.width / rect.width;
       if (x < plot.box[0] || x > plot.box[2]) { tip.style.display = 'none'; return; }
       var step = plot.x[0] + (x - plot.box[0]) / (plot.box[2] - plot.box[0]) * (plot.x[1] - plot.x[0]);
-      var lines = [], at = null;
+      var lines = [];
       plot.lines.forEach(function (line) {
         var p = nearest(line.points, step);
-        if (p) { at = at === null ? p[0] : at; lines.push(line.name + ': ' + fmt(p[1]) + '  (step ' + p[0] + ')'); }
+        if (p) { lines.push(line.name + ': ' + fmt(p[1]) + '  (step ' + p[0] + ')'); }
       });
-      if (at === null) { return; }
+      if (lines.length === 0) { return; }
       cross.setAttribute('x1', x); cross.setAttribute('x2', x); cross.setAttribute('visibility', 'visible');
       tip.textContent = lines.join('\\n');
       tip.style.display = 'block';
