@@ -114,3 +114,17 @@ def test_wants_name_only_catalog_signals_or_known_events():
         wants = getattr(factory(), "wants", None)
         if wants is not None:
             assert wants <= set(SIGNALS) | events, (factory, wants - set(SIGNALS) - events)
+
+
+def test_series_keeps_a_lone_nan_and_stays_bounded():
+    from lossguard.core.series import Downsampled
+
+    line = Downsampled(capacity=64)
+    for step in range(100_000):
+        line.add(step, float("nan") if step == 77_777 else 1.0)
+    assert any(v != v for _, v in line.points)
+    assert len(line.points) <= 64 + 64 // 8
+    dead = Downsampled(capacity=64)
+    for step in range(100_000):
+        dead.add(step, float("nan") if step % 2 else 1.0)
+    assert len(dead.points) <= 64 + 64 // 8
