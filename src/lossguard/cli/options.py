@@ -27,11 +27,11 @@ def should_fail(findings: list[Finding], fail_on: str) -> bool:
 def load_known_facts(ds_config: str | None, env_file: str | None) -> RunFacts:
     facts = RunFacts()
     if ds_config:
-        from lossguard.core.configfile import ConfigFileError, load_config
+        from lossguard.lint.document import ConfigError, load_config
 
         try:
             config, _ = load_config(ds_config)
-        except ConfigFileError as exc:
+        except ConfigError as exc:
             raise UserError(str(exc)) from None
         facts.merge(facts_from_ds_config(config, Path(ds_config).name))
     if env_file:

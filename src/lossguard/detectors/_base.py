@@ -35,6 +35,9 @@ def sentinel_index(value: float | None) -> int | None:
     """k when `value` is sqrt(k) for a small integer k (to the precision it was printed with)."""
     if value is None or not math.isfinite(value) or value <= 0:
         return None
+    k = round(value * value)
+    if not 1 <= k <= len(SENTINELS) or abs(value - SENTINELS[k - 1]) > 0.06:
+        return None  # cheap exit for the common case; the exact tolerance needs repr()
     tolerance = printed_tolerance(value)
     for k, root in enumerate(SENTINELS, 1):
         if abs(value - root) <= tolerance:

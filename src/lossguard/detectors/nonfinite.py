@@ -20,6 +20,7 @@ _NORMAL_LOSS = 0.05
 class NonFiniteLoss(DetectorBase):
     """LOSS001: loss, eval loss or gradient norm is NaN/Inf in the log (or in the live raw loss)."""
 
+    wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow"})
     code = "LOSS001"
     name = "loss.nonfinite"
     signature = "nonfinite"
@@ -69,6 +70,7 @@ class HiddenNonFinite(DetectorBase):
     turned a NaN window into 0.0. Confirmed at once by a NaN/sentinel grad norm or a NaN eval loss,
     else by a streak of exact zeros."""
 
+    wants = frozenset({"loss", "eval_loss"})
     code = "LOSS002"
     name = "loss.nan-filter-zero"
     signature = "nonfinite-hidden"
@@ -127,6 +129,7 @@ class GradNormSentinel(DetectorBase):
     """GRAD001: grad_norm pinned at sqrt(k) (1.0, 1.4142135..., 1.7320508...): DeepSpeed's sentinel for
     non-finite gradients in ZeRO-1/2 (-1 per param group, KNOWLEDGE.md §0.4)."""
 
+    wants = frozenset({"grad_norm"})
     code = "GRAD001"
     name = "grad.sentinel"
     signature = "nonfinite-hidden"

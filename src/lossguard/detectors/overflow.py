@@ -22,6 +22,7 @@ class OverflowStorm(DetectorBase):
     """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
     at its floor, or an overflow whose forward loss is itself non-finite."""
 
+    wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss"})
     code = "SCALE001"
     name = "scale.overflow-storm"
     signature = "fp16-overflow"
@@ -110,6 +111,7 @@ class LearningRateZero(DetectorBase):
     >= 4.51 logs the pre-step LR); a schedule that never leaves 0 means the scheduler is not stepping
     (fp16 skips, or warmup longer than the run)."""
 
+    wants = frozenset({"lr", "lr-before-step"})
     code = "LR001"
     name = "lr.stuck-at-zero"
     signature = "lr-zero"

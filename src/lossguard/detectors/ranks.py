@@ -15,6 +15,7 @@ class RankDesync(DetectorBase):
     """RANK001: the weight fingerprints of the ranks differ at the same step: data-parallel replicas
     have drifted apart (a bad all-reduce, a rank-local update, hardware corruption)."""
 
+    wants = frozenset({"param_fingerprint"})
     code = "RANK001"
     name = "rank.weight-desync"
     signature = "rank-desync"

@@ -74,6 +74,7 @@ class _TrendDetector(DetectorBase):
 class LossNotLearning(_TrendDetector):
     """LOSS004: the loss repeats the same value log after log: the weights are not being updated."""
 
+    wants = frozenset({"loss", "raw_loss"})
     code = "LOSS004"
     name = "loss.flat"
     signature = "not-learning"
@@ -99,6 +100,7 @@ class LossNotLearning(_TrendDetector):
 class LossDivergence(_TrendDetector):
     """LOSS005: the loss climbs far above where it started and stays there."""
 
+    wants = frozenset({"loss", "raw_loss"})
     code = "LOSS005"
     name = "loss.divergence"
     signature = "divergence"
@@ -125,6 +127,7 @@ class LossDivergence(_TrendDetector):
 class LossSpike(_TrendDetector):
     """LOSS006: an isolated loss spike (3x the running average) that comes back down."""
 
+    wants = frozenset({"loss", "raw_loss"})
     code = "LOSS006"
     name = "loss.spike"
     signature = "loss-spike"
@@ -171,6 +174,7 @@ class Memorization(DetectorBase):
     """LOSS007: the loss decayed smoothly to ~0 (prints as 0.0 under `round(loss, 4)`) with finite,
     varying gradient norms: memorisation of a small dataset, not a dead run. Informational."""
 
+    wants = frozenset({"loss", "raw_loss", "eval_loss"})
     code = "LOSS007"
     name = "loss.memorization"
     signature = "memorization"

@@ -31,6 +31,7 @@ class MaskedLabels(DetectorBase):
     both exactly 0 (transformers >= 4.46 sums the loss over zero tokens), or label-masking warnings
     (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens)."""
 
+    wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing", "image-token-mismatch"})
     code = "LABEL001"
     name = "labels.all-masked"
     signature = "masked-labels"
@@ -93,6 +94,7 @@ class NoGradientFlow(DetectorBase):
     gradient (LoRA + reentrant checkpointing without input grads, frozen modules, a module created
     after the optimizer). Live: the first step's `no-grad` and `trainable-not-in-optimizer` events."""
 
+    wants = frozenset({"grad_norm", "overflow", "no-input-grad", "trainable-params", "no-grad", "trainable-not-in-optimizer"})
     code = "GRAD002"
     name = "grad.no-flow"
     signature = "no-grad-flow"
@@ -160,6 +162,7 @@ class ZeroLoss(DetectorBase):
     """LOSS003: loss exactly 0 from the first logs and nothing else tells which kind (no grad_norm logged).
     Reported at the end so the more specific detectors speak first."""
 
+    wants = frozenset({"loss"})
     code = "LOSS003"
     name = "loss.exact-zero"
     signature = "zero-loss"

@@ -8,7 +8,7 @@ from typing import Any
 from lossguard.core.engine import EngineResult
 from lossguard.core.findings import Finding, Severity
 from lossguard.diagnose.ranking import Cause, rank_causes
-from lossguard.diagnose.signatures import PRECEDENCE, SIGNATURES
+from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES
 
 
 @dataclass
@@ -54,7 +54,8 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis
         verdict = "warning" if any(f.severity >= Severity.WARNING for f in findings) else "healthy"
         return Diagnosis(verdict, None, None, [], findings, result, inputs or [])
     signature = primary.signature
-    onset = min((f.step for f in findings if f.signature == signature and f.step is not None), default=None)
+    family = {signature, *RELATED.get(signature, ())}
+    onset = min((f.step for f in findings if f.signature in family and f.step is not None), default=None)
     verdict = SIGNATURES[signature][0]
     context = _context(result, findings, onset)
     causes = rank_causes(signature, context, result.facts.origin)

@@ -21,3 +21,10 @@ SIGNATURES: dict[str, tuple[str, str]] = {
 }
 
 PRECEDENCE = list(SIGNATURES)
+
+# Signatures that are one death seen two ways: the onset is the earliest step of either. A grad norm
+# that turns NaN one log before the loss shows 0.0 is the same event.
+RELATED: dict[str, tuple[str, ...]] = {
+    "nonfinite-hidden": ("nonfinite",),
+    "nonfinite": ("nonfinite-hidden",),
+}

@@ -31,14 +31,26 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
     ("cudnn-sdpa", re.compile(rb"cuDNN SDPA backward got grad_output\.strides\(\) != output\.strides\(\)")),
 ]
 
-# Fast pre-filter: a line is looked at only if it contains one of these. Everything the parsers and
-# EVENT_PATTERNS need must have its anchor here.
-ANCHORS = re.compile(
-    rb"\{'|\{\"|OVERFLOW|Overflow|overflow|loss scale|skipped=|mismatch|requires_grad|lr value|learning rate"
-    rb"|response key|response template|trainable parameters|DeepSpeed info|zero_config|_enabled \.|"
-    rb"communication_data_type|iteration |Epoch\(|Iter\(|tensor b|inf/nan|cuDNN SDPA|use_reentrant"
-    rb"|ZeRO stage|world_size|WORLD INFO|Creating|\.\.\.\. "
+# A literal every match of the pattern contains: `needle in line` is far cheaper than a regex search,
+# so a line meets only the patterns it could match.
+EVENT_NEEDLES: list[tuple[bytes, str, re.Pattern[bytes]]] = [
+    (needle, name, pattern) for needle, (name, pattern) in zip(
+        (b"OVERFLOW", b"verflow", b"loss scale", b"tokenization mismatch", b"lr", b"requires_grad",
+         b"use_reentrant", b"Could not find response", b"trainable parameters", b"tensor b", b"inf/nan",
+         b"cuDNN SDPA"), EVENT_PATTERNS)
+]
+
+# Fast pre-filter: a line is parsed only if it contains one of these fixed strings. Everything the
+# parsers and EVENT_PATTERNS need must have its anchor here. Fixed strings (not regexes) so that
+# `grep -F` can do the scan when it is available (see text_log.iter_file_lines).
+ANCHOR_STRINGS: tuple[str, ...] = (
+    "{'", '{"', "OVERFLOW", "Overflow", "overflow", "loss scale", "skipped=", "mismatch", "requires_grad",
+    "lr value", "learning rate", "response key", "response template", "trainable parameters",
+    "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
+    "Epoch(", "Iter(", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
+    "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..",
 )
+ANCHORS = re.compile(b"|".join(re.escape(a.encode()) for a in ANCHOR_STRINGS))
 
 HF_PAIR = re.compile(rb"""['"]([^'"]+)['"]\s*:\s*('[^']*'|"[^"]*"|[^,}]+)""")
 TQDM_COUNTER = re.compile(rb"(\d+)/(\d+) \[")

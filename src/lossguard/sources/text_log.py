@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ast
 import collections
+import os
+import shutil
+import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -42,15 +45,15 @@ class TextLogParser:
             if record is not None:
                 out.append(record)
                 return out
-        for name, pattern in P.EVENT_PATTERNS:
-            match = pattern.search(line)
-            if match:
+        for needle, name, pattern in P.EVENT_NEEDLES:
+            if needle in line and (match := pattern.search(line)):
                 out.append(self._event(name, match, line_no))
                 return out
-        for parse in (self._ds_step, self._megatron, self._mmengine, self._facts):
-            records = parse(line, line_no)
-            if records:
-                return records
+        for needle, parse in self._PARSERS:
+            if needle in line:
+                records = parse(self, line, line_no)
+                if records:
+                    return records
         return out
 
     # -- HF Trainer dicts ----------------------------------------------------------------------------
@@ -189,6 +192,16 @@ class TextLogParser:
         return [Record(step=None, kind=EVENT, event="facts", data=facts, source=self.source, line_no=line_no)]
 
 
+# (a literal the line must contain, parser): cheap dispatch for the numeric line formats.
+TextLogParser._PARSERS = (
+    (b"skipped=", TextLogParser._ds_step),
+    (b"iteration ", TextLogParser._megatron),
+    (b"(train)", TextLogParser._mmengine),
+    (b"(val)", TextLogParser._mmengine),
+    (b" ", TextLogParser._facts),
+)
+
+
 def _facts_from_line(line: bytes) -> dict:
     if match := P.DS_VERSION.search(line):
         return {"deepspeed_version": match.group(1).decode()}
@@ -304,10 +317,63 @@ def iter_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
             yield line_no + 1, tail
 
 
+def iter_grep_lines(stream_or_path: BinaryIO | Path) -> Iterator[tuple[int, bytes]] | None:
+    """Like `iter_lines`, with `grep -F` doing the scan: it finds the few anchor-bearing lines of a big
+    log many times faster than Python's regex alternation. None when grep is not available."""
+    grep = shutil.which("grep")
+    if grep is None or os.environ.get("LOSSGUARD_NO_GREP"):
+        return None
+    args = [grep, "-F", "-a", "-n", "--no-messages"]
+    for anchor in P.ANCHOR_STRINGS:
+        args += ["-e", anchor]
+    if isinstance(stream_or_path, Path):
+        args += ["--", str(stream_or_path)]
+        stdin = subprocess.DEVNULL
+    else:
+        stdin = stream_or_path
+    try:
+        proc = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "LC_ALL": "C"})
+    except OSError:
+        return None
+    return _read_grep(proc)
+
+
+def _read_grep(proc: subprocess.Popen) -> Iterator[tuple[int, bytes]]:
+    try:
+        for raw in proc.stdout:
+            number, _, line = raw.partition(b":")
+            yield int(number), line.rstrip(b"\n")
+    finally:
+        proc.stdout.close()
+        proc.kill()
+        proc.wait()
+
+
 def parse_stream(stream: BinaryIO, source: str) -> Iterator[Record]:
     parser = TextLogParser(source)
-    for line_no, line in iter_lines(stream):
+    lines = iter_grep_lines(stream) if _is_real_file(stream) else None
+    for line_no, line in lines if lines is not None else iter_lines(stream):
         yield from parser.parse_line(line, line_no)
+
+
+def parse_file(path: Path) -> Iterator[Record]:
+    lines = iter_grep_lines(path)
+    if lines is None:
+        with open(path, "rb") as stream:
+            yield from parse_stream(stream, path.name)
+        return
+    parser = TextLogParser(path.name)
+    for line_no, line in lines:
+        yield from parser.parse_line(line, line_no)
+
+
+def _is_real_file(stream: BinaryIO) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False  # an in-memory stream: scan it in Python
+    return True
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
@@ -324,5 +390,4 @@ class TextLogSource:
         return b"\x00" not in head[:4096]
 
     def parse(self, path: Path) -> Iterator[Record]:
-        with open(path, "rb") as stream:
-            yield from parse_stream(stream, path.name)
+        yield from parse_file(path)
