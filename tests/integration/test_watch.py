@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from watch_helpers import JOBS_DIR, assert_no_orphans, report, run_watch
+
+from .watch_helpers import JOBS_DIR, assert_no_orphans, report, run_watch
 
 pytestmark = pytest.mark.integration
 

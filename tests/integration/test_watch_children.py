@@ -11,9 +11,10 @@ import sys
 import time
 
 import pytest
-from watch_helpers import assert_no_orphans, child, env, report, run_watch, watch_cmd
 
 from lossguard.watch.process import group_members
+
+from .watch_helpers import assert_no_orphans, child, env, report, run_watch, watch_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +122,8 @@ def test_halt_on_broken_stops_at_the_revealing_line(tmp_path):
     printed = result.stdout.count(b"{'loss'")
     assert printed <= watch["halt_line"] + 1  # at most one more log after the revealing one
     assert b"masked-labels" in result.stderr and b"fix:" in result.stderr
+    html = tmp_path / "report.html"  # written when the HTML reporter is installed (it is in this repo)
+    assert b"masked-labels" in html.read_bytes()
     assert_no_orphans(data)
 
 
