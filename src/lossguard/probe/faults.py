@@ -52,7 +52,7 @@ def _inf_loss(model: nn.Module, spec: dict, counter: StepCounter, rank: int) -> 
 def _scale_hidden(model: nn.Module, spec: dict, counter: StepCounter, rank: int) -> None:
     """Scale the first block's output so fp16 activations pass 65504 (the hidden states of a model pre-trained in
     bf16 and run in fp16 do this on their own, KNOWLEDGE C1)."""
-    factor = float(spec.get("factor", 1e5))
+    factor = float(spec.get("factor", 1e7))
 
     def hook(_module, _inputs, output):
         if not _active(spec, counter, rank):

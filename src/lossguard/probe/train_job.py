@@ -46,7 +46,7 @@ def build_model(scenario: Scenario) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0,
-                                                 fan_in_fan_out=True))
+                                                 fan_in_fan_out=True, bias="all"))
         if spec.get("reentrant_checkpointing"):
             # The pre-5.x path (and custom / remote-code models): checkpointing switched on with the reentrant
             # function and no `enable_input_require_grads()`. transformers 5's own `activation_checkpointing_enable`
