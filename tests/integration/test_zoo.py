@@ -116,6 +116,29 @@ def check_memorization(run: RunResult) -> None:
     assert eval_loss(run.out_dir) > 1.0  # overfit, not leakage: unseen samples stay hard
 
 
+def check_truncated(run: RunResult) -> None:
+    logs = train_logs(run.out_dir)
+    assert run.returncode == 0
+    assert all(e["loss"] == 0.0 and e["grad_norm"] == 0.0 for e in logs)
+    assert "tokenization mismatch" not in run.stdout  # truncation is silent
+
+
+def check_warmup_too_long(run: RunResult) -> None:
+    logs = train_logs(run.out_dir)
+    assert run.returncode == 0
+    assert max(e["learning_rate"] for e in logs) < 0.05 * 1e-3
+    losses = [e["loss"] for e in logs]
+    assert max(losses) - min(losses) < 0.15 and min(losses) > 4.0
+
+
+def check_divergence(run: RunResult) -> None:
+    steps = by_step(train_logs(run.out_dir))
+    assert run.returncode == 0
+    assert steps[1]["loss"] < 5.0
+    assert all(e["loss"] > 10 * steps[1]["loss"] for s, e in steps.items() if s >= 2)
+    assert all(math.isfinite(e["grad_norm"]) for e in steps.values())
+
+
 CHECKS = {
     "healthy-zero1": check_learns,
     "healthy-zero2": check_learns,
@@ -128,6 +151,9 @@ CHECKS = {
     "lora-reentrant": check_lora_reentrant,
     "healthy-fp16": check_healthy_fp16,
     "memorization": check_memorization,
+    "truncated-answers": check_truncated,
+    "warmup-too-long": check_warmup_too_long,
+    "lr-divergence": check_divergence,
 }
 
 

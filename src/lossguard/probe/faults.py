@@ -92,6 +92,7 @@ FAULTS: dict[str, Callable[[nn.Module, dict, StepCounter, int], None]] = {
     "scale-hidden": _scale_hidden,
     "open-causal-mask": _open_causal_mask,
     "perturb-replica": _perturb_replica,
+    "late-module": lambda *_args: None,  # applied by `after_optimizer`
 }
 
 
@@ -99,6 +100,21 @@ def install(model: nn.Module, spec: dict | None, counter: StepCounter, rank: int
     if not spec:
         return
     FAULTS[spec["kind"]](model, spec, counter, rank)
+
+
+def after_optimizer(model: nn.Module, spec: dict | None) -> None:
+    """Faults that need the optimizer to exist already (called from the Trainer's `on_train_begin`).
+
+    `late-module`: rebuild the VLM projector, as code that swaps in a freshly built (or reloaded) projector
+    after `deepspeed.initialize` does. The optimizer still holds the old module's parameters, which no longer
+    take part in the forward; the new ones get gradients nobody applies (KNOWLEDGE E2).
+    """
+    if not spec or spec.get("kind") != "late-module":
+        return
+    old = model.mm_projector
+    new = type(old)(*[type(m)(m.in_features, m.out_features) if isinstance(m, nn.Linear) else type(m)()
+                      for m in old])
+    model.mm_projector = new.to(next(old.parameters()).dtype)
 
 
 @torch.no_grad()

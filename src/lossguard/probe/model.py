@@ -75,9 +75,11 @@ class TinyVLM(nn.Module):
             self.mm_projector.requires_grad_(False)
 
     def forward(self, input_ids, labels=None, attention_mask=None, image_features=None, **kwargs):
+        # kwargs carry the Trainer's `num_items_in_batch`: swallowing it would make the Trainer scale a mean loss
+        # by the world size (it assumes a model that takes loss kwargs divides by the global token count).
         text = self.lm.get_input_embeddings()(input_ids)
         if image_features is None:
-            return self.lm(inputs_embeds=text, labels=labels, attention_mask=attention_mask)
+            return self.lm(inputs_embeds=text, labels=labels, attention_mask=attention_mask, **kwargs)
         image = self.mm_projector(self.vision_tower(image_features.to(text.dtype)))
         embeds = torch.cat([image, text], dim=1)
         batch = input_ids.shape[0]
@@ -86,7 +88,7 @@ class TinyVLM(nn.Module):
             labels = torch.cat([pad, labels], dim=1)
         if attention_mask is not None:
             attention_mask = torch.cat([attention_mask.new_ones(batch, self.num_image_tokens), attention_mask], 1)
-        return self.lm(inputs_embeds=embeds, labels=labels, attention_mask=attention_mask)
+        return self.lm(inputs_embeds=embeds, labels=labels, attention_mask=attention_mask, **kwargs)
 
 
 def trainable_names(model: nn.Module) -> list[str]:

@@ -73,10 +73,17 @@ _S: list[Scenario] = [
     Scenario("memorization", "8 samples, 80 epochs at a constant high LR: the loss legitimately becomes tiny.",
              ds_config(2), "memorization", None, steps=80, data={"num_samples": 8},
              trainer={"learning_rate": 1e-2, "warmup_steps": 0, "lr_scheduler_type": "constant"}),
-    Scenario("healthy-vlm", "Tiny VLM, projector-only training (tune_mm_mlp_adapter), ZeRO-2.", ds_config(2),
-             None, None, model={"kind": "vlm", "tune_mm_mlp_adapter": True}, trainer={"learning_rate": 5e-3}),
+    Scenario("healthy-vlm", "Tiny VLM, LLaVA stage 2: projector and LM train, vision tower frozen, ZeRO-2.",
+             ds_config(2), None, None, model={"kind": "vlm"}),
+    Scenario("healthy-vlm-stage1", "Tiny VLM, LLaVA stage 1: only the projector trains (tune_mm_mlp_adapter).",
+             ds_config(2), None, None, model={"kind": "vlm", "tune_mm_mlp_adapter": True},
+             trainer={"learning_rate": 5e-3}),
+    Scenario("healthy-fast-lr", "Twin of label-leakage: ZeRO-2, 80 steps at a constant LR 1e-2.", ds_config(2),
+             None, None, steps=80, trainer={"learning_rate": 1e-2, "lr_scheduler_type": "constant"}),
     Scenario("healthy-raw", "Raw DeepSpeed engine loop, bf16 ZeRO-2, no fault.",
              ds_config(2, precision="bf16", bf16={"check_grad_overflow": False}), None, None, engine="raw"),
+    Scenario("healthy-raw-zero0", "Raw engine loop, fp32 ZeRO-0 (plain data parallel), no fault: every rank "
+             "prints the same param_sum.", ds_config(0), None, None, engine="raw"),
     # ---- faults ----------------------------------------------------------------------------------------------
     Scenario("masked-labels", "Data rendered with the chatml template, masked with vicuna_v1 separators "
              "(LLaVA wrong --version): every sample hits 'tokenization mismatch' and all labels are -100.",
@@ -103,22 +110,27 @@ _S: list[Scenario] = [
              "enable_input_require_grads): nothing inside the checkpointed blocks gets a gradient.",
              ds_config(2), "no-grad-flow", 1, twin="healthy-lora",
              model={"kind": "lora", "reentrant_checkpointing": True}, trainer={"learning_rate": 5e-3}),
-    Scenario("warmup-too-long", "warmup_steps 1000 in a 20-step run: the LR never leaves ~0.",
-             ds_config(2), "lr-zero", 1, twin="healthy-zero2", trainer={"warmup_steps": 1000}),
+    Scenario("warmup-too-long", "warmup_steps 1000 in a 20-step run: the LR never climbs past 2% of its peak, the loss stays flat.",
+             ds_config(2), "not-learning", 1, twin="healthy-zero2", trainer={"warmup_steps": 1000}),
     Scenario("lr-divergence", "learning rate 3.0: the loss blows up and does not come back.", ds_config(2),
              "divergence", 2, twin="healthy-zero2", trainer={"learning_rate": 3.0, "warmup_steps": 0,
                                                            "max_grad_norm": 0.0}),
-    Scenario("frozen-projector", "VLM, tune_mm_mlp_adapter and freeze_mm_mlp_adapter both set: the only module "
-             "meant to train is frozen, only the LM's... nothing learns (grad_norm 0).",
-             ds_config(2), "no-grad-flow", 1, twin="healthy-vlm",
-             model={"kind": "vlm", "tune_mm_mlp_adapter": True, "freeze_mm_mlp_adapter": True,
-                    "keep_trainable": "lm.transformer.ln_f"}, trainer={"learning_rate": 5e-3}),
-    Scenario("label-leakage", "Causal mask replaced by an all-attend 4-D mask: the next token leaks in and the "
-             "loss collapses towards 0.", ds_config(2), "memorization", None, twin="healthy-zero2",
-             fault={"kind": "open-causal-mask"}, trainer={"learning_rate": 5e-3}),
+    Scenario("frozen-projector", "VLM stage-1 (projector-only) run with freeze_mm_mlp_adapter copied from another "
+             "script: the flags leave no parameter trainable; DeepSpeed ZeRO-2 crashes at init (IndexError).",
+             ds_config(2), "no-grad-flow", None,
+             twin="healthy-vlm", model={"kind": "vlm", "tune_mm_mlp_adapter": True, "freeze_mm_mlp_adapter": True},
+             dies=True),
+    Scenario("late-projector", "VLM stage 1; the projector is rebuilt after the DeepSpeed engine and its optimizer "
+             "exist: the optimizer holds dead parameters, grad_norm is 0 and the loss flat.", ds_config(2),
+             "no-grad-flow", 1, twin="healthy-vlm-stage1", model={"kind": "vlm", "tune_mm_mlp_adapter": True},
+             trainer={"learning_rate": 5e-3}, fault={"kind": "late-module"}),
+    Scenario("label-leakage", "An all-attend 4-D mask replaces the causal mask: the next token leaks in and the "
+             "loss collapses towards 0 with finite, shrinking gradients.", ds_config(2), "memorization", None,
+             twin="healthy-fast-lr", steps=80, fault={"kind": "open-causal-mask"},
+             trainer={"learning_rate": 1e-2, "lr_scheduler_type": "constant"}),
     Scenario("rank-perturbed", "Raw engine loop, ZeRO-0 (plain data parallel): rank 1's replica is nudged after "
              "the engine's broadcast, so the ranks train different weights.", ds_config(0), "rank-desync", 1,
-             twin="healthy-raw", engine="raw", fault={"kind": "perturb-replica", "rank": 1, "scale": 0.05}),
+             twin="healthy-raw-zero0", engine="raw", fault={"kind": "perturb-replica", "rank": 1, "scale": 0.05}),
 ]
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _S}

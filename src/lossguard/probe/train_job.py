@@ -34,13 +34,7 @@ def build_model(scenario: Scenario) -> torch.nn.Module:
     spec = dict(scenario.model)
     kind = spec.pop("kind", "gpt2")
     if kind == "vlm":
-        keep = spec.pop("keep_trainable", None)
-        model = TinyVLM(**spec)
-        if keep:
-            for name, p in model.named_parameters():
-                if name.startswith(keep):
-                    p.requires_grad_(True)
-        return model
+        return TinyVLM(**spec)
     model = tiny_gpt2()
     if kind == "lora":
         from peft import LoraConfig, get_peft_model
@@ -109,6 +103,9 @@ def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
     counter = faults.StepCounter()
 
     class _Step(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            faults.after_optimizer(model, scenario.fault)  # the engine and its optimizer exist by now
+
         def on_step_begin(self, args, state, control, **kwargs):
             counter.step = state.global_step + 1
 
@@ -157,14 +154,19 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
             loss = engine(**batch).loss
             engine.backward(loss)
             engine.step()
+            # ZeRO-0 fp32 keeps no global norm: the engine returns None, and a hand-written script prints that.
             grad_norm = engine.get_global_grad_norm()
-            grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-            # Every rank prints its own loss: a rank-local value is exactly what the rank-desync scenario shows.
-            print(f"[rank{rank}] step {step} loss {loss.item():.6g} grad_norm {grad_norm:.6g}", flush=True)
+            grad_norm = None if grad_norm is None else float(grad_norm)
+            # A weight checksum per rank: with data parallelism every replica must print the same number.
+            param_sum = sum(float(p.detach().float().sum()) for p in engine.module.parameters())
+            # Every rank prints its own line: rank-local values are what the rank-desync scenario shows.
+            print(f"[rank{rank}] step {step} loss {loss.item():.6g} grad_norm {grad_norm if grad_norm is None else f'{grad_norm:.6g}'}"
+                  f" param_sum {param_sum:.9g}", flush=True)
             if writer is not None:
                 writer.add_scalar("train/loss", loss.item(), step)
-                writer.add_scalar("train/grad_norm", grad_norm, step)
-                history.append({"step": step, "loss": loss.item(), "grad_norm": grad_norm})
+                if grad_norm is not None:
+                    writer.add_scalar("train/grad_norm", grad_norm, step)
+                history.append({"step": step, "loss": loss.item(), "grad_norm": grad_norm, "param_sum": param_sum})
             if step >= steps:
                 break
     if writer is not None:
