@@ -78,8 +78,6 @@ _S: list[Scenario] = [
     Scenario("healthy-vlm-stage1", "Tiny VLM, LLaVA stage 1: only the projector trains (tune_mm_mlp_adapter).",
              ds_config(2), None, None, model={"kind": "vlm", "tune_mm_mlp_adapter": True},
              trainer={"learning_rate": 5e-3}),
-    Scenario("healthy-fast-lr", "Twin of label-leakage: ZeRO-2, 80 steps at a constant LR 1e-2.", ds_config(2),
-             None, None, steps=80, trainer={"learning_rate": 1e-2, "lr_scheduler_type": "constant"}),
     Scenario("healthy-raw", "Raw DeepSpeed engine loop, bf16 ZeRO-2, no fault.",
              ds_config(2, precision="bf16", bf16={"check_grad_overflow": False}), None, None, engine="raw"),
     Scenario("healthy-raw-zero0", "Raw engine loop, fp32 ZeRO-0 (plain data parallel), no fault: every rank "
@@ -121,13 +119,10 @@ _S: list[Scenario] = [
              twin="healthy-vlm", model={"kind": "vlm", "tune_mm_mlp_adapter": True, "freeze_mm_mlp_adapter": True},
              dies=True),
     Scenario("late-projector", "VLM stage 1; the projector is rebuilt after the DeepSpeed engine and its optimizer "
-             "exist: the optimizer holds dead parameters, grad_norm is 0 and the loss flat.", ds_config(2),
-             "no-grad-flow", 1, twin="healthy-vlm-stage1", model={"kind": "vlm", "tune_mm_mlp_adapter": True},
-             trainer={"learning_rate": 5e-3}, fault={"kind": "late-module"}),
-    Scenario("label-leakage", "An all-attend 4-D mask replaces the causal mask: the next token leaks in and the "
-             "loss collapses towards 0 with finite, shrinking gradients.", ds_config(2), "memorization", None,
-             twin="healthy-fast-lr", steps=80, fault={"kind": "open-causal-mask"},
-             trainer={"learning_rate": 1e-2, "lr_scheduler_type": "constant"}),
+             "exist, so no optimizer parameter gets a gradient: DeepSpeed 0.19.8 ZeRO-1/2 crashes at the first "
+             "gradient reduction (IndexError in reduce_ipg_grads) instead of training silently.", ds_config(2),
+             "no-grad-flow", None, twin="healthy-vlm-stage1", model={"kind": "vlm", "tune_mm_mlp_adapter": True},
+             trainer={"learning_rate": 5e-3}, fault={"kind": "late-module"}, dies=True),
     Scenario("rank-perturbed", "Raw engine loop, ZeRO-0 (plain data parallel): rank 1's replica is nudged after "
              "the engine's broadcast, so the ranks train different weights.", ds_config(0), "rank-desync", 1,
              twin="healthy-raw-zero0", engine="raw", fault={"kind": "perturb-replica", "rank": 1, "scale": 0.05}),
