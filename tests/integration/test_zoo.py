@@ -139,6 +139,67 @@ def check_divergence(run: RunResult) -> None:
     assert all(math.isfinite(e["grad_norm"]) for e in steps.values())
 
 
+def check_label_leakage(run: RunResult) -> None:
+    logs = train_logs(run.out_dir)
+    assert run.returncode == 0
+    assert _mean(e["loss"] for e in logs[-5:]) < 0.1
+    assert all(math.isfinite(e["grad_norm"]) for e in logs)
+    assert eval_loss(run.out_dir) < 0.5  # the leak works on unseen data too: not memorisation
+
+
+def check_no_collapse(run: RunResult) -> None:
+    """Twin of label-leakage: same 300 steps, causal mask intact; it learns but cannot reach ~0 on eval."""
+    logs = train_logs(run.out_dir)
+    assert run.returncode == 0
+    assert logs[-1]["loss"] < logs[0]["loss"] - 1.0
+    assert eval_loss(run.out_dir) > 1.0
+
+
+def check_lora_learns(run: RunResult) -> None:
+    logs = train_logs(run.out_dir)
+    assert run.returncode == 0
+    assert logs[0]["grad_norm"] > 0.5  # the LoRA weights inside the blocks get gradient
+    assert _mean(e["loss"] for e in logs[-3:]) < logs[0]["loss"] - 0.1
+
+
+def check_dies_at_zero_trainable(run: RunResult) -> None:
+    """DeepSpeed 0.19.8 ZeRO-1/2 has nothing to reduce and fails loudly instead of training silently."""
+    assert run.returncode != 0
+    assert "IndexError: list index out of range" in run.stdout
+
+
+def raw_lines(run: RunResult) -> dict[tuple[int, int], dict]:
+    """`[rankR] step N loss X grad_norm Y param_sum Z` lines of the raw engine loop, keyed by (rank, step)."""
+    out = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("[rank") and " step " in line and "param_sum" in line:
+            words = line.split()
+            rank = int(words[0][5:-1])
+            fields = dict(zip(words[1::2], words[2::2]))
+            out[(rank, int(fields["step"]))] = {k: float(v) if v != "None" else None for k, v in fields.items()}
+    return out
+
+
+def check_bf16_nan_raw(run: RunResult) -> None:
+    lines = raw_lines(run)
+    assert run.returncode == 0
+    assert math.isinf(lines[(0, 8)]["loss"]) and math.isinf(lines[(0, 8)]["grad_norm"])
+    assert all(math.isfinite(lines[(r, s)]["loss"]) for r in (0, 1) for s in range(1, 8))
+    assert all(math.isnan(lines[(r, s)]["loss"]) for r in (0, 1) for s in range(9, 21))
+
+
+def check_rank_desync(run: RunResult) -> None:
+    lines = raw_lines(run)
+    assert run.returncode == 0
+    assert all(lines[(0, s)]["param_sum"] != lines[(1, s)]["param_sum"] for s in range(1, 21))
+
+
+def check_ranks_agree(run: RunResult) -> None:
+    lines = raw_lines(run)
+    assert run.returncode == 0
+    assert all(lines[(0, s)]["param_sum"] == lines[(1, s)]["param_sum"] for s in range(1, 21))
+
+
 CHECKS = {
     "healthy-zero1": check_learns,
     "healthy-zero2": check_learns,
@@ -154,6 +215,16 @@ CHECKS = {
     "truncated-answers": check_truncated,
     "warmup-too-long": check_warmup_too_long,
     "lr-divergence": check_divergence,
+    "bf16-nan-raw": check_bf16_nan_raw,
+    "rank-perturbed": check_rank_desync,
+    "healthy-raw-zero0": check_ranks_agree,
+    "healthy-raw": check_ranks_agree,
+    "label-leakage": check_label_leakage,
+    "healthy-long": check_no_collapse,
+    "healthy-lora": check_lora_learns,
+    "lora-reentrant-hf": check_lora_learns,
+    "frozen-projector": check_dies_at_zero_trainable,
+    "late-projector": check_dies_at_zero_trainable,
 }
 
 
@@ -171,6 +242,28 @@ def test_fast_scenarios_reproduce(name, tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(set(CHECKS) - set(FAST)))
 def test_slow_scenarios_reproduce(name, tmp_path_factory):
     CHECKS[name](_run(name, tmp_path_factory))
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+
+
+def _fixture_dirs() -> list[Path]:
+    return sorted(p for p in FIXTURES.iterdir() if p.is_dir()) if FIXTURES.exists() else []
+
+
+@pytest.mark.parametrize("fixture", _fixture_dirs(), ids=lambda p: p.name)
+def test_committed_fixture_still_shows_its_symptom(fixture: Path):
+    """The stored outputs are complete, small, and show what the registry says (no rerun: fast)."""
+    meta = json.loads((fixture / "meta.json").read_text())
+    scenario = SCENARIOS[meta["scenario"]]
+    assert meta["expected_signature"] == scenario.signature
+    assert meta["expected_onset_step"] == scenario.onset_step
+    assert (fixture / "stdout.log").stat().st_size > 0
+    assert list((fixture / "tb").glob("events.out.tfevents.*"))
+    assert sum(p.stat().st_size for p in fixture.rglob("*") if p.is_file()) < 200_000
+    check = CHECKS.get(fixture.name)
+    if check is not None:
+        check(RunResult(meta["returncode"], fixture / "stdout.log", fixture, meta["wall_s"]))
 
 
 def test_every_fault_names_a_signature_and_a_twin():

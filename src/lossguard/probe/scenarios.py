@@ -78,6 +78,14 @@ _S: list[Scenario] = [
     Scenario("healthy-vlm-stage1", "Tiny VLM, LLaVA stage 1: only the projector trains (tune_mm_mlp_adapter).",
              ds_config(2), None, None, model={"kind": "vlm", "tune_mm_mlp_adapter": True},
              trainer={"learning_rate": 5e-3}),
+    Scenario("healthy-long", "Twin of label-leakage: ZeRO-2, 300 steps at a constant LR 1e-2.", ds_config(2), None,
+             None, steps=300, trainer={"learning_rate": 1e-2, "lr_scheduler_type": "constant", "warmup_steps": 0,
+                      "disable_tqdm": True}),  # a batch-job log: 300 steps stay under 200 KB
+    Scenario("lora-reentrant-hf", "LoRA + gradient_checkpointing=True, use_reentrant=True through TrainingArguments: "
+             "transformers 5.23 calls enable_input_require_grads() itself, so this trains (kept to prove it).",
+             ds_config(2), None, None, model={"kind": "lora"},
+             trainer={"learning_rate": 5e-3, "gradient_checkpointing": True,
+                      "gradient_checkpointing_kwargs": {"use_reentrant": True}}),
     Scenario("healthy-raw", "Raw DeepSpeed engine loop, bf16 ZeRO-2, no fault.",
              ds_config(2, precision="bf16", bf16={"check_grad_overflow": False}), None, None, engine="raw"),
     Scenario("healthy-raw-zero0", "Raw engine loop, fp32 ZeRO-0 (plain data parallel), no fault: every rank "
@@ -123,6 +131,11 @@ _S: list[Scenario] = [
              "gradient reduction (IndexError in reduce_ipg_grads) instead of training silently.", ds_config(2),
              "no-grad-flow", None, twin="healthy-vlm-stage1", model={"kind": "vlm", "tune_mm_mlp_adapter": True},
              trainer={"learning_rate": 5e-3}, fault={"kind": "late-module"}, dies=True),
+    Scenario("label-leakage", "An all-attend 4-D mask replaces the causal mask: the next token leaks in and the "
+             "loss collapses towards 0 with finite gradients, eval_loss low too (leakage, not overfitting).",
+             ds_config(2), "memorization", None, twin="healthy-long", steps=300, fault={"kind": "open-causal-mask"},
+             trainer={"learning_rate": 1e-2, "lr_scheduler_type": "constant", "warmup_steps": 0,
+                      "disable_tqdm": True}),  # a batch-job log: 300 steps stay under 200 KB
     Scenario("rank-perturbed", "Raw engine loop, ZeRO-0 (plain data parallel): rank 1's replica is nudged after "
              "the engine's broadcast, so the ranks train different weights.", ds_config(0), "rank-desync", 1,
              twin="healthy-raw-zero0", engine="raw", fault={"kind": "perturb-replica", "rank": 1, "scale": 0.05}),
