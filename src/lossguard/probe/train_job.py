@@ -1,0 +1,200 @@
+"""What each rank runs: `python -m lossguard.probe.train_job --scenario NAME --out DIR [--steps N]`.
+
+A real `transformers.Trainer` with a DeepSpeed config (or, for `engine="raw"` scenarios, a plain
+`deepspeed.initialize` loop) trains the tiny model for real; the fault is injected by `faults.install`, and the
+outputs are whatever the stack really writes: stdout, `trainer_state.json`, TensorBoard events under `DIR/tb`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+# Must be set before deepspeed is imported anywhere: this machine has no accelerator.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+
+from lossguard.probe import data as data_mod  # noqa: E402
+from lossguard.probe import faults  # noqa: E402
+from lossguard.probe.scenarios import Scenario, get  # noqa: E402
+
+MICRO_BATCH = 4
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def build_model(scenario: Scenario) -> torch.nn.Module:
+    from lossguard.probe.model import TinyVLM, tiny_gpt2
+
+    spec = dict(scenario.model)
+    kind = spec.pop("kind", "gpt2")
+    if kind == "vlm":
+        return TinyVLM(**spec)
+    model = tiny_gpt2()
+    if kind == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0,
+                                                 fan_in_fan_out=True, bias="all"))
+        if spec.get("reentrant_checkpointing"):
+            # The pre-5.x path (and custom / remote-code models): checkpointing switched on with the reentrant
+            # function and no `enable_input_require_grads()`. transformers 5's own `activation_checkpointing_enable`
+            # adds the input hook for input_ids models, so this calls the layer switch directly.
+            import functools
+
+            from torch.utils.checkpoint import checkpoint
+
+            base = model.get_base_model()
+            base._set_gradient_checkpointing(enable=True,
+                                             gradient_checkpointing_func=functools.partial(checkpoint,
+                                                                                           use_reentrant=True))
+    return model
+
+
+def build_data(scenario: Scenario, split: str = "train") -> list[dict]:
+    spec = {"num_samples": 64, "max_length": 48, **scenario.data}
+    if split == "eval":
+        spec = {**spec, "num_samples": 16, "seed": 1000}
+    # Only rank 0 prints the preprocessing warnings, like a LLaVA run launched on one node shows them once.
+    log = print if _rank() == 0 else (lambda *_a, **_k: None)
+    samples = data_mod.build_dataset(log=log, **spec)
+    if scenario.model.get("kind") == "vlm":
+        generator = torch.Generator().manual_seed(7)
+        for s in samples:
+            s["image_features"] = torch.randn(4, 16, generator=generator)
+    return samples
+
+
+def _training_arguments(scenario: Scenario, out: str, steps: int, ds: dict):
+    from transformers import TrainingArguments
+
+    precision = {"bf16": bool(ds.get("bf16", {}).get("enabled")), "fp16": bool(ds.get("fp16", {}).get("enabled"))}
+    kwargs = dict(
+        output_dir=out,
+        per_device_train_batch_size=MICRO_BATCH,
+        per_device_eval_batch_size=MICRO_BATCH,
+        max_steps=steps,
+        learning_rate=1e-3,
+        warmup_steps=2,
+        lr_scheduler_type="linear",
+        logging_steps=1,  # every step is logged: the fixtures keep the full curve
+        report_to=["tensorboard"],
+        save_strategy="no",
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+        use_cpu=True,
+        deepspeed=ds,
+        **precision,
+    )
+    kwargs.update(scenario.trainer)
+    return TrainingArguments(**kwargs)
+
+
+def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
+    from transformers import Trainer, TrainerCallback
+
+    os.environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(out, "tb")
+    counter = faults.StepCounter()
+
+    class _Step(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            faults.after_optimizer(model, scenario.fault)  # the engine and its optimizer exist by now
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            counter.step = state.global_step + 1
+
+    model = build_model(scenario)
+    faults.install(model, scenario.fault, counter, _rank())
+    args = _training_arguments(scenario, out, steps, ds)
+    trainer = Trainer(model=model, args=args, train_dataset=build_data(scenario),
+                      eval_dataset=build_data(scenario, "eval"), data_collator=data_mod.collate, callbacks=[_Step()])
+    try:
+        trainer.train()
+        trainer.evaluate()  # eval_loss is not NaN-filtered: the tell that separates a hidden NaN from a real 0
+    finally:
+        if trainer.is_world_process_zero():
+            trainer.state.save_to_json(os.path.join(out, "trainer_state.json"))
+
+
+def run_raw(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
+    """No Trainer: `deepspeed.initialize` and a loop that prints what a hand-written script prints."""
+    import deepspeed
+    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.tensorboard import SummaryWriter
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = _rank(), int(os.environ.get("WORLD_SIZE", "1"))
+    ds = json.loads(json.dumps(ds).replace('"auto"', "null"))
+    ds.update(train_micro_batch_size_per_gpu=MICRO_BATCH, gradient_accumulation_steps=1, gradient_clipping=1.0)
+    ds.pop("train_batch_size", None)
+    ds.setdefault("optimizer", {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}})
+    model = build_model(scenario)
+    counter = faults.StepCounter()
+    faults.install(model, scenario.fault, counter, rank)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=ds,
+                                           model_parameters=[p for p in model.parameters() if p.requires_grad])
+    if scenario.fault:
+        faults.perturb_replica(engine.module, scenario.fault, rank)
+    dataset = build_data(scenario)
+    loader = DataLoader(dataset, batch_size=MICRO_BATCH, collate_fn=data_mod.collate,
+                        sampler=DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0))
+    writer = SummaryWriter(os.path.join(out, "tb")) if rank == 0 else None
+    history, step = [], 0
+    while step < steps:
+        loader.sampler.set_epoch(step)
+        for batch in loader:
+            step += 1
+            counter.step = step
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            # ZeRO-0 fp32 keeps no global norm: the engine returns None, and a hand-written script prints that.
+            grad_norm = engine.get_global_grad_norm()
+            grad_norm = None if grad_norm is None else float(grad_norm)
+            # A weight checksum per rank: with data parallelism every replica must print the same number.
+            param_sum = sum(float(p.detach().float().sum()) for p in engine.module.parameters())
+            # Every rank prints its own line: rank-local values are what the rank-desync scenario shows.
+            print(f"[rank{rank}] step {step} loss {loss.item():.6g} grad_norm {grad_norm if grad_norm is None else f'{grad_norm:.6g}'}"
+                  f" param_sum {param_sum:.9g}", flush=True)
+            if writer is not None:
+                writer.add_scalar("train/loss", loss.item(), step)
+                if grad_norm is not None:
+                    writer.add_scalar("train/grad_norm", grad_norm, step)
+                history.append({"step": step, "loss": loss.item(), "grad_norm": grad_norm, "param_sum": param_sum})
+            if step >= steps:
+                break
+    if writer is not None:
+        writer.close()
+        with open(os.path.join(out, "raw_log.json"), "w") as f:
+            json.dump(history, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--config-json", default=None, help="DeepSpeed config file replacing the scenario's")
+    args = parser.parse_args(argv)
+    scenario = get(args.scenario)
+    ds = scenario.ds_config
+    if args.config_json:
+        with open(args.config_json) as f:
+            ds = json.load(f)
+    os.makedirs(args.out, exist_ok=True)
+    steps = args.steps or scenario.steps
+    if scenario.engine == "raw":
+        run_raw(scenario, args.out, steps, ds)
+    else:
+        run_trainer(scenario, args.out, steps, ds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
