@@ -218,13 +218,18 @@ class GradWatch:
         self.handles = []
 
     def no_grad(self) -> list[str]:
-        """Names without a gradient or with an all-zero one. SYNC POINT: first step only."""
+        """Names without a gradient or with an all-zero one. SYNC POINT: first step only.
+
+        LoRA `lora_A` matrices are exempt from the all-zero rule: `lora_B` starts at zero, so their
+        first gradient is exactly zero by design."""
         self.remove()
         flags = [f for f in self.nonzero if f is not None]
         values = torch.stack(flags).cpu().tolist() if flags else []
         it = iter(values)
         out = []
         for name, seen, flag in zip(self.names, self.seen, self.nonzero):
-            if not seen or flag is None or not next(it):
+            if not seen or flag is None:
+                out.append(name)
+            elif not next(it) and "lora_A" not in name:
                 out.append(name)
         return out

@@ -48,6 +48,8 @@ def build(name: str):
     elif name == "healthy-fp16":
         args_kw["fp16"] = True
         kw["fp16"] = True
+    elif name == "internal-error":
+        os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1"
     elif name == "nan-bf16":
         args_kw["bf16"] = True
         kw.update(bf16=True, check_grad_overflow=False)
@@ -59,14 +61,12 @@ def build(name: str):
 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": name == "lora-reentrant"})
         model.config.use_cache = False
+        if name == "lora-reentrant":
+            model.disable_input_require_grads()  # transformers >= 5 enables them; older code did not
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
                                                  modules_to_save=["ln_f"], lora_dropout=0.0))
     del GPT2LMHeadModel
     return model, kw, args_kw, faults, callback_kw
-
-
-class FaultyModel(torch.nn.Module):
-    pass
 
 
 def install_faults(model, faults: Faults):
@@ -109,8 +109,11 @@ def run(out_dir: str, name: str) -> None:
             if name == "desync" and state.global_step == FAULT_STEP - 1 and tiny.rank() == 1:
                 with torch.no_grad():
                     next(model.parameters()).add_(1e-2)  # one rank's replica drifts
-            if name == "late-module" and state.global_step == FAULT_STEP - 1:
-                pass
+
+        def on_train_begin(self, args, state, control, model=None, **k):
+            if name == "late-module":  # created after the Trainer built the optimizer and engine
+                model.late = torch.nn.Linear(32, 32)
+                model.transformer.ln_f.register_forward_hook(lambda m, a, out: out + model.late(out))
 
     args = TrainingArguments(
         output_dir=os.path.join(work, "out"), per_device_train_batch_size=4, max_steps=8,
@@ -121,6 +124,7 @@ def run(out_dir: str, name: str) -> None:
     guard = LossguardCallback(events_dir=os.path.join(work, "events"), **callback_kw)
     trainer = Trainer(model=model, args=args, train_dataset=tiny.Tokens(), callbacks=[StepCounter(), guard])
     trainer.train()
+    os.environ.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     summary = {
         "scenario": name,
         "halted_at": guard.monitor.halted_at if guard.monitor else None,

@@ -80,7 +80,7 @@ class Desync(_Base):
 
     def observe(self, record):
         value = record.signals.get("param_fingerprint")
-        if value is None:
+        if value is None or not math.isfinite(value):
             return []
         if record.step != self.step:
             self.step, self.prints = record.step, {}
