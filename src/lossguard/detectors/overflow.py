@@ -1,0 +1,149 @@
+"""fp16 overflow storms (KNOWLEDGE.md §0.5, C1): skipped steps one after another, the loss scale
+falling to its floor, the LR frozen because DeepSpeed steps the scheduler only on applied steps.
+
+The start-up calibration is benign: DeepSpeed starts at 2^16 (or 2^32) and halves the scale on the
+first steps until gradients fit. A storm is a streak of skips *after* steps have been applied, a
+scale driven below 2^8, or DeepSpeed's own "already at minimum".
+"""
+
+from __future__ import annotations
+
+from lossguard.core.detector import register
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import EVENT, TRAIN, Record
+from lossguard.detectors._base import DetectorBase, is_nonfinite
+
+_MID_RUN_STREAK = 3
+_FLOOR_SCALE = 256.0
+
+
+@register
+class OverflowStorm(DetectorBase):
+    """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
+    at its floor, or an overflow whose forward loss is itself non-finite."""
+
+    code = "SCALE001"
+    name = "scale.overflow-storm"
+    signature = "fp16-overflow"
+    severity = Severity.CRITICAL
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_skipped = 0
+        self._applied_any = False  # a step went through: start-up calibration is over
+        self._streak = 0
+        self._streak_since: int | None = None
+        self._last_skip_step: int | None = None
+        self._last_skipped_total: float | None = None
+        self.calibration_skips = 0
+        self.lowest_scale: float | None = None
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT:
+            if record.event == "overflow":
+                return self._skip(record.step, record, record.data.get("new_scale"))
+            if record.event == "scale-at-minimum":
+                return self.emit("DeepSpeed reports the fp16 loss scale at its minimum: every step "
+                                 "overflows", record.step, evidence="Current loss scale already at minimum")
+            return []
+        if record.kind != TRAIN:
+            return []
+        found: list[Finding] = []
+        skipped = record.get("skipped_steps")
+        if skipped is not None:
+            grew = self._last_skipped_total is not None and skipped > self._last_skipped_total
+            self._last_skipped_total = skipped
+            if grew and record.step != self._last_skip_step:
+                found += self._skip(record.step, record, record.get("loss_scale"))
+            elif not grew and (record.get("loss") is not None or record.get("raw_loss") is not None):
+                self._applied(record)
+            return found
+        if record.get("loss") is not None and record.step != self._last_skip_step:
+            self._applied(record)
+        return found
+
+    def _applied(self, record: Record) -> None:
+        loss = record.get("raw_loss") if record.get("raw_loss") is not None else record.get("loss")
+        if loss is not None and not is_nonfinite(loss) and loss != 0.0:
+            self._applied_any = True
+            self._streak = 0
+
+    def _skip(self, step: int | None, record: Record, new_scale: float | None) -> list[Finding]:
+        self.num_skipped += 1
+        self._last_skip_step = step
+        if new_scale is not None:
+            self.lowest_scale = new_scale if self.lowest_scale is None else min(self.lowest_scale, new_scale)
+        if not self._applied_any:
+            self.calibration_skips += 1
+        if self._streak == 0:
+            self._streak_since = step
+        self._streak += 1
+        raw = record.get("raw_loss")
+        if self._applied_any and is_nonfinite(raw):
+            return self._fire(step, f"the step's loss is {raw}: activations overflow fp16 (max 65504)")
+        if self._applied_any and self._streak >= _MID_RUN_STREAK:
+            return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
+                                                  "had started")
+        if self.lowest_scale is not None and self.lowest_scale < _FLOOR_SCALE:
+            return self._fire(self._streak_since, f"loss scale driven down to {self.lowest_scale:g}")
+        return []
+
+    def _fire(self, step: int | None, why: str) -> list[Finding]:
+        return self.emit(
+            f"fp16 overflow storm from step {step}: {why}. DeepSpeed skips every such step, so the weights "
+            "and the LR schedule are frozen", step, evidence=why)
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        if self.fired is not None:
+            self.fired.data.update(skipped=self.num_skipped, lowest_scale=self.lowest_scale)
+        elif self.calibration_skips:
+            return self.emit(
+                f"{self.calibration_skips} fp16 overflow skips at start-up while DeepSpeed calibrated the "
+                "loss scale: normal", None, severity=Severity.INFO, signature=None)
+        return []
+
+
+@register
+class LearningRateZero(DetectorBase):
+    """LR001: learning rate 0 log after log. The first log under warmup is 0 by design (transformers
+    >= 4.51 logs the pre-step LR); a schedule that never leaves 0 means the scheduler is not stepping
+    (fp16 skips, or warmup longer than the run)."""
+
+    code = "LR001"
+    name = "lr.stuck-at-zero"
+    signature = "lr-zero"
+    severity = Severity.CRITICAL
+    _STREAK = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._zero_streak = 0
+        self._since: int | None = None
+        self._warned_before_step = 0
+        self._steps: set[int] = set()
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT and record.event == "lr-before-step":
+            self._warned_before_step += 1
+            return []
+        lr = record.get("lr")
+        if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
+            return []
+        if record.step in self._steps:  # a DeepSpeed `step=` line and an HF dict for the same step
+            return []
+        self._steps.add(record.step)
+        if len(self._steps) > 4096:
+            self._steps.clear()
+        if lr == 0.0:
+            if self._zero_streak == 0:
+                self._since = record.step
+            self._zero_streak += 1
+        else:
+            self._zero_streak = 0
+        if self._zero_streak >= self._STREAK:
+            why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
+                   if self._warned_before_step else "")
+            return self.emit(f"learning rate is 0 in {self._zero_streak} logs in a row from step "
+                             f"{self._since}: the weights are not being updated{why}", self._since)
+        return []
