@@ -63,6 +63,7 @@ class Monitor:
         self.jsonl = None
         self.webhook = None
         self._emitted: list[Finding] = []
+        self._last_skipped: dict[int, float] = {}
         self.facts = {"world_size": self.world_size, **(facts or {})}
         if options.events_dir is not None:
             self.jsonl = JsonlSink(options.events_dir, self.rank, {"world_size": self.world_size, "entry": entry})
@@ -238,6 +239,7 @@ class Monitor:
 
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
         records = []
+        last_skipped = self._last_skipped
         for rank, row in enumerate(rows):
             present = int(row[PRESENT])
             signals: dict[str, float] = {}
@@ -252,6 +254,13 @@ class Monitor:
                 signals["loss_scale"] = row[LOSS_SCALE]
             if present & HAS_SKIPPED:
                 signals["skipped_steps"] = row[SKIPPED]
+                if row[SKIPPED] > last_skipped.get(rank, 0.0) and "grad_norm" in signals:
+                    # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): the
+                    # grad_norm DeepSpeed reports now is its overflow marker (inf, or the last good
+                    # value), not a measurement; keep it out of the signals
+                    data["step_skipped"] = True
+                    data["grad_norm_reported"] = signals.pop("grad_norm")
+                last_skipped[rank] = row[SKIPPED]
             if present & HAS_LR:
                 lrs = row[NUM_BASE: NUM_BASE + self.num_lr]
                 signals["lr"] = lrs[0]

@@ -228,8 +228,6 @@ class GradWatch:
         it = iter(values)
         out = []
         for name, seen, flag in zip(self.names, self.seen, self.nonzero):
-            if not seen or flag is None:
-                out.append(name)
-            elif not next(it) and "lora_A" not in name:
+            if not seen or flag is None or not next(it) and "lora_A" not in name:
                 out.append(name)
         return out

@@ -45,9 +45,9 @@ def build(name: str):
         kw["stage"] = 3
     elif name == "healthy-ga":
         args_kw["gradient_accumulation_steps"] = 2
-    elif name == "healthy-fp16":
+    elif name == "healthy-fp16":  # starts at scale 2^32: DeepSpeed calibrates it down with skips
         args_kw["fp16"] = True
-        kw["fp16"] = True
+        kw.update(fp16=True, initial_scale_power=32)
     elif name == "internal-error":
         os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1"
     elif name == "nan-bf16":
@@ -61,10 +61,11 @@ def build(name: str):
 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": name == "lora-reentrant"})
         model.config.use_cache = False
-        if name == "lora-reentrant":
-            model.disable_input_require_grads()  # transformers >= 5 enables them; older code did not
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
                                                  modules_to_save=["ln_f"], lora_dropout=0.0))
+        if name == "lora-reentrant":
+            # transformers >= 5 and peft turn input grads on; older stacks and custom models did not
+            model.get_input_embeddings()._forward_hooks.clear()
     del GPT2LMHeadModel
     return model, kw, args_kw, faults, callback_kw
 
@@ -86,9 +87,15 @@ def install_faults(model, faults: Faults):
             return None
         if faults.name == "nan-bf16" and rank == 1 and faults.step + 1 == FAULT_STEP:
             output.loss = output.loss * float("inf")
-        if faults.name == "fp16-storm" and faults.step + 1 >= FAULT_STEP:
-            output.loss = output.loss * 1e9
         return output
+
+    def blow_up(module, args, output):  # activations past fp16's 65504 from the fault step on
+        if module.training and faults.step + 1 >= FAULT_STEP:
+            return (output[0] * 1e6, *output[1:]) if isinstance(output, tuple) else output * 1e6
+        return None
+
+    if faults.name == "fp16-storm":
+        model.transformer.h[0].register_forward_hook(blow_up)
 
     model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
     model.register_forward_hook(post, with_kwargs=True, prepend=True)

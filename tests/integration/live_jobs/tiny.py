@@ -41,7 +41,7 @@ class Tokens(Dataset):
 
 def ds_config(stage: int, *, bf16: bool = False, fp16: bool = False, ga: int = 1, micro: int = 4,
               world: int = 2, check_grad_overflow: bool | None = None, optimizer: bool = True,
-              lr: float = 1e-3) -> dict:
+              lr: float = 1e-3, initial_scale_power: int = 16) -> dict:
     config: dict = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": ga,
@@ -60,7 +60,7 @@ def ds_config(stage: int, *, bf16: bool = False, fp16: bool = False, ga: int = 1
         if check_grad_overflow is not None:
             config["bf16"]["check_grad_overflow"] = check_grad_overflow
     if fp16:
-        config["fp16"] = {"enabled": True, "initial_scale_power": 16, "loss_scale_window": 100,
+        config["fp16"] = {"enabled": True, "initial_scale_power": initial_scale_power, "loss_scale_window": 100,
                           "hysteresis": 2, "min_loss_scale": 1}
     return config
 
