@@ -14,12 +14,13 @@ from pathlib import Path
 
 from lossguard.core.records import EVENT, Record
 from lossguard.sources.base import Source, SourceError
+from lossguard.sources.lossguard_events import LossguardEventsSource
 from lossguard.sources.structured import CsvSource, JsonLinesSource, TrainerStateSource
 from lossguard.sources.tensorboard_events import TensorBoardSource
 from lossguard.sources.text_log import TextLogSource
 
 # Most precise first. A module that adds a source inserts it here.
-SOURCES: list[Source] = [TrainerStateSource(), TensorBoardSource(), JsonLinesSource(), CsvSource(), TextLogSource()]
+SOURCES: list[Source] = [LossguardEventsSource(), TrainerStateSource(), TensorBoardSource(), JsonLinesSource(), CsvSource(), TextLogSource()]
 
 _SKIP_SUFFIXES = {".bin", ".pt", ".pth", ".safetensors", ".ckpt", ".npy", ".npz", ".pkl", ".png", ".jpg",
                   ".html", ".py", ".sh", ".md", ".yaml", ".yml", ".model", ".gz", ".zip", ".tar"}
@@ -109,6 +110,13 @@ def records(inputs: list[Input]) -> Iterator[Record]:
     """All inputs as one stream: numbers from the most precise source kind, events from every input."""
     rank = {id(s): i for i, s in enumerate(SOURCES)}
     primary = min((rank.get(id(i.source), len(SOURCES)) for i in inputs), default=None)
+    live = [i.path for i in inputs if isinstance(i.source, LossguardEventsSource)]
+    if len(live) > 1:  # one file per rank: interleave by step so cross-rank detectors see a step together
+        from lossguard.sources.lossguard_events import merged
+
+        yield from merged(live)
+        inputs = [i for i in inputs if not isinstance(i.source, LossguardEventsSource)]
+        primary = min(primary or 0, 0)
     for item in sorted(inputs, key=lambda i: rank.get(id(i.source), len(SOURCES))):
         numbers = rank.get(id(item.source), len(SOURCES)) == primary
         for record in item.source.parse(item.path):
