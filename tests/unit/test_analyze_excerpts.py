@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES
+from tests.conftest import FIXTURES
 from lossguard.api import analyze
 from lossguard.cli.options import load_known_facts
 

@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import FIXTURES
+from tests.conftest import FIXTURES
 
 EXCERPTS = FIXTURES / "excerpts"
 

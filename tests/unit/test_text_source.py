@@ -110,3 +110,22 @@ def test_chunk_boundaries_do_not_lose_or_split_lines(monkeypatch):
 def test_last_line_without_newline_is_read():
     (record,) = parse("{'loss': 1.0, 'epoch': 0.1}")
     assert record.signals["loss"] == 1.0
+
+
+def test_plain_script_lines_with_rank_prefix_and_nanogpt_iters():
+    records = parse("[rank1]: step 3 loss 4.12806 grad_norm None param_sum 160.657959\n"
+                    "step 6 loss 3.21 grad_norm 1.70\n"
+                    "iter 100: loss 2.3456, time 12.3ms, mfu 4.10%\n"
+                    "Skipping step 5 because of something\n")
+    assert [(r.rank, r.step, r.signals) for r in records] == [
+        (1, 3, {"loss": 4.12806, "param_fingerprint": 160.657959}),
+        (None, 6, {"loss": 3.21, "grad_norm": 1.70}),
+        (None, 100, {"loss": 2.3456}),
+    ]
+
+
+def test_tqdm_counter_that_lags_behind_the_log_is_corrected():
+    text = ("  1/20 [00:00<00:02]\r{'loss': '4.19', 'epoch': '0.125'}\n"
+            "  1/20 [00:00<00:02]\r{'loss': '4.18', 'epoch': '0.25'}\n"
+            "  2/20 [00:00<00:02]\r  3/20 [00:00<00:01]\r{'loss': '4.13', 'epoch': '0.375'}\n")
+    assert [r.step for r in parse(text)] == [1, 2, 3]

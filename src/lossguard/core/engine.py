@@ -58,9 +58,15 @@ class Engine:
         self._broken: set[str] = set()
         # (signal names, event) -> the detectors that want such a record; see `_route`.
         self._routes: dict[tuple, list[Detector]] = {}
+        self._started = False
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, record: Record) -> list[Finding]:
+        if not self._started:
+            self._started = True
+            known = self.facts.known()
+            if known:  # facts the caller knew up front (--config, --env) reach detectors as an event
+                self.feed(Record(step=None, kind=EVENT, event="facts", data=known, source="given"))
         self._account(record)
         new: list[Finding] = []
         for detector in self._route(record):

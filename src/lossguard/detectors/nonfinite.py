@@ -18,7 +18,12 @@ _NORMAL_LOSS = 0.05
 
 @register
 class NonFiniteLoss(DetectorBase):
-    """LOSS001: loss, eval loss or gradient norm is NaN/Inf in the log (or in the live raw loss)."""
+    """LOSS001: loss, eval loss or gradient norm is NaN/Inf in the log (or in the live raw loss).
+
+    A skipped step is not a death: fp16 loss scaling (and bf16 `check_grad_overflow`) drop the step
+    and the weights stay finite, so those are left to SCALE001. A non-finite grad norm next to a
+    finite, non-zero loss is what a skipped step looks like in a log without OVERFLOW lines; it counts
+    only if the next log shows the weights died (loss 0.0 or NaN), with the onset at the first one."""
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow"})
     code = "LOSS001"
@@ -29,26 +34,41 @@ class NonFiniteLoss(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
+        self._pending: PerRank[list] = PerRank(list)  # [(step, grad)] of non-finite norms, finite loss
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
             if record.event == "overflow" and record.step is not None:
                 self._fp16_skip_until = record.step + 1
             return []
+        skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
             value = record.get(name)
-            if is_nonfinite(value):
-                if name == "loss" and record.get("raw_loss") is None and record.kind == TRAIN and \
-                        self._skipped_here(record):
-                    continue
+            if is_nonfinite(value) and not (skipped and record.kind == TRAIN):
                 where = "evaluation loss" if record.kind == EVAL else name.replace("_", " ")
-                return self.emit(f"{where} is {value} at step {record.step}", record.step, record.rank,
-                                 signal=name, value=str(value))
-        grad = record.get("grad_norm")
-        if is_nonfinite(grad) and not self._skipped_here(record):
-            return self.emit(f"gradient norm is {grad} at step {record.step}", record.step, record.rank,
-                             signal="grad_norm", value=str(grad))
+                return self._fire(record, f"{where} is {value} at step {record.step}", name, value)
+        if record.kind != TRAIN:
+            return []
+        pending = self._pending[record.rank]
+        grad, loss = record.get("grad_norm"), record.get("loss")
+        if is_nonfinite(grad) and not skipped:
+            if loss is not None and loss != 0.0:
+                if not pending:  # maybe an fp16 skip (a streak of them while the scale calibrates)
+                    pending.append((record.step, grad))
+                return []
+            return self._fire(record, f"gradient norm is {grad} at step {record.step}", "grad_norm", grad)
+        if pending and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
+            return self._fire(record, f"gradient norm is {pending[0][1]} at step {pending[0][0]}, and the "
+                                      f"loss is {loss} right after", "grad_norm", pending[0][1])
+        if grad is not None and not is_nonfinite(grad):
+            pending.clear()
         return []
+
+    def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
+        pending = self._pending[record.rank]
+        step = pending[0][0] if pending else record.step
+        pending.clear()
+        return self.emit(message, step, record.rank, signal=signal, value=str(value))
 
     def _skipped_here(self, record: Record) -> bool:
         # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.

@@ -20,9 +20,12 @@ _FLOOR_SCALE = 256.0
 @register
 class OverflowStorm(DetectorBase):
     """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
-    at its floor, or an overflow whose forward loss is itself non-finite."""
+    at its floor, an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
+    lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
+    DeepSpeed steps the scheduler only on applied steps. Under bf16 (`check_grad_overflow` skips) the
+    same storm is reported as `nonfinite`."""
 
-    wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss"})
+    wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
     code = "SCALE001"
     name = "scale.overflow-storm"
     signature = "fp16-overflow"
@@ -38,30 +41,67 @@ class OverflowStorm(DetectorBase):
         self._last_skipped_total: float | None = None
         self.calibration_skips = 0
         self.lowest_scale: float | None = None
+        self._bf16: bool | None = None
+        self._lrs: list[float] = []  # the last few logged LRs (rank 0 / run level)
+        self._frozen_streak = 0
+        self._frozen_since: int | None = None
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
-            if record.event == "overflow":
-                return self._skip(record.step, record, record.data.get("new_scale"))
-            if record.event == "scale-at-minimum":
-                return self.emit("DeepSpeed reports the fp16 loss scale at its minimum: every step "
-                                 "overflows", record.step, evidence="Current loss scale already at minimum")
-            return []
+            return self._event(record)
         if record.kind != TRAIN:
             return []
-        found: list[Finding] = []
+        if record.rank not in (None, 0):
+            # Skips are global; another rank only adds its own non-finite loss on a skipped step.
+            raw = record.get("raw_loss")
+            if record.step == self._last_skip_step and self._applied_any and is_nonfinite(raw):
+                return self._fire(record.step, f"rank {record.rank}'s loss is {raw} on a skipped step")
+            return []
         skipped = record.get("skipped_steps")
         if skipped is not None:
             grew = self._last_skipped_total is not None and skipped > self._last_skipped_total
+            grew = grew or bool(record.data.get("step_skipped"))
             self._last_skipped_total = skipped
             if grew and record.step != self._last_skip_step:
-                found += self._skip(record.step, record, record.get("loss_scale"))
-            elif not grew and (record.get("loss") is not None or record.get("raw_loss") is not None):
+                return self._skip(record.step, record, record.get("loss_scale"))
+            if not grew:
                 self._applied(record)
-            return found
+            return []
         if record.get("loss") is not None and record.step != self._last_skip_step:
             self._applied(record)
-        return found
+        return self._frozen_lr(record)
+
+    def _event(self, record: Record) -> list[Finding]:
+        if record.event == "overflow":
+            return self._skip(record.step, record, record.data.get("new_scale"))
+        if record.event == "scale-at-minimum":
+            return self.emit("DeepSpeed reports the fp16 loss scale at its minimum: every step overflows",
+                             record.step, evidence="Current loss scale already at minimum")
+        if record.event == "facts":
+            if record.data.get("bf16") is not None:
+                self._bf16 = bool(record.data["bf16"])
+            elif record.data.get("fp16"):
+                self._bf16 = False
+        return []
+
+    def _frozen_lr(self, record: Record) -> list[Finding]:
+        lr, grad, loss = record.get("lr"), record.get("grad_norm"), record.get("loss")
+        if lr is None:
+            return []
+        was_moving = len(self._lrs) >= 2 and self._lrs[-1] != self._lrs[-2]
+        bad = is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss)
+        if bad and self._lrs and lr == self._lrs[-1] and (was_moving or self._frozen_streak):
+            if self._frozen_streak == 0:
+                self._frozen_since = record.step
+            self._frozen_streak += 1
+        else:
+            self._frozen_streak = 0
+        self._lrs = (self._lrs + [lr])[-3:]
+        if self._frozen_streak >= _MID_RUN_STREAK:
+            return self._fire(self._frozen_since, f"the learning rate froze at {lr:g} from step "
+                                                  f"{self._frozen_since} while the gradient norm is {grad}: "
+                                                  "every step is being skipped")
+        return []
 
     def _applied(self, record: Record) -> None:
         loss = record.get("raw_loss") if record.get("raw_loss") is not None else record.get("loss")
@@ -81,7 +121,7 @@ class OverflowStorm(DetectorBase):
         self._streak += 1
         raw = record.get("raw_loss")
         if self._applied_any and is_nonfinite(raw):
-            return self._fire(step, f"the step's loss is {raw}: activations overflow fp16 (max 65504)")
+            return self._fire(step, f"the step's loss is {raw}: the forward pass itself overflows")
         if self._applied_any and self._streak >= _MID_RUN_STREAK:
             return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
                                                   "had started")
@@ -90,6 +130,10 @@ class OverflowStorm(DetectorBase):
         return []
 
     def _fire(self, step: int | None, why: str) -> list[Finding]:
+        if self._bf16:
+            return self.emit(f"bf16 steps skipped one after another from step {step}: {why}. Every gradient "
+                             "is non-finite; the weights are protected but nothing trains", step,
+                             signature="nonfinite", evidence=why)
         return self.emit(
             f"fp16 overflow storm from step {step}: {why}. DeepSpeed skips every such step, so the weights "
             "and the LR schedule are frozen", step, evidence=why)
@@ -111,7 +155,7 @@ class LearningRateZero(DetectorBase):
     >= 4.51 logs the pre-step LR); a schedule that never leaves 0 means the scheduler is not stepping
     (fp16 skips, or warmup longer than the run)."""
 
-    wants = frozenset({"lr", "lr-before-step"})
+    wants = frozenset({"lr", "lr-before-step", "overflow"})
     code = "LR001"
     name = "lr.stuck-at-zero"
     signature = "lr-zero"
@@ -124,16 +168,32 @@ class LearningRateZero(DetectorBase):
         self._since: int | None = None
         self._warned_before_step = 0
         self._steps: set[int] = set()
+        self._overflow_steps: set[int] = set()
+        self._skipped_total: float | None = None
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT and record.event == "lr-before-step":
             self._warned_before_step += 1
+            return []
+        if record.kind == EVENT and record.event == "overflow" and record.step is not None:
+            self._overflow_steps.add(record.step)
             return []
         lr = record.get("lr")
         if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
             return []
         if record.step in self._steps:  # a DeepSpeed `step=` line and an HF dict for the same step
             return []
+        skipped = record.get("skipped_steps")
+        step_skipped = bool(record.data.get("step_skipped")) or (
+            skipped is not None and self._skipped_total is not None and skipped > self._skipped_total)
+        loss = record.get("loss")
+        # In a log without skip counters, a non-finite grad norm next to a finite loss is a skipped step.
+        step_skipped = step_skipped or (is_nonfinite(record.get("grad_norm")) and loss is not None
+                                        and loss != 0.0 and not is_nonfinite(loss))
+        if skipped is not None:
+            self._skipped_total = skipped
+        if step_skipped or record.step in self._overflow_steps:
+            return []  # a skipped step does not step the scheduler: fp16 calibration is not a stuck LR
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()

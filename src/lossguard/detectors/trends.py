@@ -6,6 +6,7 @@ comparable across versions, GA settings and world sizes), never absolute.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 
@@ -70,9 +71,29 @@ class _TrendDetector(DetectorBase):
         raise NotImplementedError
 
 
+@dataclass
+class _Flat:
+    num: int = 0
+    first_step: int | None = None
+    head: list = field(default_factory=list)
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=_FLAT_WINDOW))
+    grad_sum: float = 0.0
+    grad_num: int = 0
+
+
+_FLAT_WINDOW = 5
+_FLAT_MIN_LOGS = 16
+_FLAT_REL = 0.01  # the loss moved less than 1% between the first and the last logs
+_FLAT_FROM_START = 100  # only judge logs that start at the beginning of training, not a plateau
+_TINY_GRAD_PER_LOSS = 0.02
+
+
 @register
 class LossNotLearning(_TrendDetector):
-    """LOSS004: the loss repeats the same value log after log: the weights are not being updated."""
+    """LOSS004: the loss does not move: the same value log after log, or (over a whole run logged from
+    its start) less than 1% between the first and the last logs. With a tiny gradient norm next to it
+    (LoRA + reentrant checkpointing leaves only biases outside the blocks with a gradient) it is
+    reported as `no-grad-flow`."""
 
     wants = frozenset({"loss", "raw_loss"})
     code = "LOSS004"
@@ -81,7 +102,22 @@ class LossNotLearning(_TrendDetector):
     severity = Severity.ERROR
     _STREAK = 8
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._flat = PerRank(_Flat)
+
     def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+        flat = self._flat[record.rank]
+        flat.num += 1
+        if flat.first_step is None:
+            flat.first_step = record.step
+        if len(flat.head) < _FLAT_WINDOW:
+            flat.head.append(loss)
+        flat.tail.append(loss)
+        grad = record.get("grad_norm")
+        if grad is not None and not is_nonfinite(grad):
+            flat.grad_sum += grad
+            flat.grad_num += 1
         if loss == 0.0:
             state.repeat_streak = 0
             return []
@@ -93,6 +129,27 @@ class LossNotLearning(_TrendDetector):
             return self.emit(f"loss stays at {loss:g} for {state.repeat_streak} logs from step "
                              f"{state.repeat_since}: the model is not learning", state.repeat_since,
                              record.rank, value=loss)
+        return []
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        for rank, flat in self._flat.items():
+            if flat.num < _FLAT_MIN_LOGS or flat.first_step is None or flat.first_step > _FLAT_FROM_START:
+                continue
+            start, end = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
+            if start < 0.05 or abs(end - start) > _FLAT_REL * start:
+                continue
+            grad = flat.grad_sum / flat.grad_num if flat.grad_num else None
+            if grad is not None and grad < _TINY_GRAD_PER_LOSS * start:
+                return self.emit(
+                    f"the loss did not move in {flat.num} logs ({start:.4g} -> {end:.4g}) and the gradient norm "
+                    f"is tiny (mean {grad:.3g}): almost nothing trainable receives a gradient",
+                    flat.first_step, rank, signature="no-grad-flow", severity=Severity.CRITICAL,
+                    start=start, end=end, mean_grad_norm=grad)
+            return self.emit(
+                f"the loss did not move in {flat.num} logs from the start ({start:.4g} -> {end:.4g}, under "
+                f"{_FLAT_REL:.0%}): the weights are not being updated (learning rate, frozen parameters?)",
+                flat.first_step, rank, start=start, end=end)
         return []
 
 
@@ -108,18 +165,21 @@ class LossDivergence(_TrendDetector):
     _STREAK = 5
 
     def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
-        if state.baseline is None or state.baseline <= 0:
+        # The reference is the lowest loss so far among the first logs: a run that blows up at its
+        # second step must not take the blown-up value as its baseline.
+        reference = min(state.minimum, state.baseline) if state.baseline else state.minimum
+        if not math.isfinite(reference) or reference <= 0:
             return []
-        if loss > max(2.0 * state.baseline, state.baseline + 2.0):
+        if loss > max(2.0 * reference, reference + 2.0):
             if state.high_streak == 0:
                 state.high_since = record.step
             state.high_streak += 1
         else:
             state.high_streak = 0
         if state.high_streak >= self._STREAK:
-            return self.emit(f"loss rose from about {state.baseline:.3g} to {loss:.3g} and stayed above "
+            return self.emit(f"loss rose from about {reference:.3g} to {loss:.3g} and stayed above "
                              f"twice its start for {state.high_streak} logs from step {state.high_since}",
-                             state.high_since, record.rank, baseline=state.baseline, value=loss)
+                             state.high_since, record.rank, baseline=reference, value=loss)
         return []
 
 

@@ -240,6 +240,17 @@ CAUSES: list[dict] = [
         "confirm": "print lr_scheduler.get_last_lr() for the first steps",
     },
     {
+        "id": "lr-too-small",
+        "title": "the learning rate never gets large enough to move the weights: warmup longer than the run, "
+                 "or a learning rate orders of magnitude too small",
+        "signatures": {"not-learning": 0.4, "lr-zero": 0.2},
+        "conditions": [("event:lr-before-step", ">=", 1, 0.5, "")],
+        "evidence": [f"{HF}/pull/36973"],
+        "fix": "check warmup_steps / warmup_ratio against max_steps and the peak learning rate "
+               "(`lossguard lint` rule DSC114 checks warmup against the run length)",
+        "confirm": "plot the logged learning rate: it should reach its peak well before the end",
+    },
+    {
         "id": "weights-not-updating",
         "title": "the optimizer is not changing the weights (LR 0, all parameters frozen, or steps skipped)",
         "signatures": {"not-learning": 0.35, "zero-loss": 0.05},

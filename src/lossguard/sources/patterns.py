@@ -48,7 +48,7 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     "lr value", "learning rate", "response key", "response template", "trainable parameters",
     "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
     "Epoch(", "Iter(", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
-    "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..",
+    "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..", "step ", "iter ",
 )
 ANCHORS = re.compile(b"|".join(re.escape(a.encode()) for a in ANCHOR_STRINGS))
 
@@ -66,3 +66,7 @@ MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9 _()/-]*?)\s*:\s*([-+0-9.eEnaNi
 MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\])?\s*\[\s*(\d+)\s*/\s*(\d+)\]")
 MMENGINE_FIELD = re.compile(rb"\b([a-z][\w./]*): (-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
 HOST_PREFIX = re.compile(rb"^\s*(?:\[[^\]]*\]\s*)?[\w.-]+:\s*(?=\{)")
+# A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
+# nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.
+PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)\s*[:,|]?\s+(?=[A-Za-z_])")
+PLAIN_FIELD = re.compile(rb"([A-Za-z_][\w/]*)\s*[:=]?\s*(-?\d[\d.]*(?:[eE][+-]?\d+)?|nan|-?inf)(?![\w.])")

@@ -98,8 +98,14 @@ class TextLogParser:
         ordinal = False
         if step is None:
             counters = P.TQDM_COUNTER.findall(line, 0, start)
-            if counters:
+            if is_eval and self.last_step is not None:
+                step = self.last_step
+            elif counters:
+                # tqdm redraws at most every 0.1 s, so on fast steps the bar printed with a log lags
+                # behind the real step; two train logs are never at the same step.
                 step = int(counters[-1][0])
+                if self.last_step is not None and step <= self.last_step:
+                    step = self.last_step + 1
             elif is_eval and self.last_step is not None:
                 step = self.last_step
             elif self.last_step is not None:
@@ -184,6 +190,24 @@ class TextLogParser:
             self.last_step = step
         return [Record(step=step, signals=signals, kind=kind, source=self.source, line_no=line_no)]
 
+    # -- a user script's own `step N loss X ...` lines --------------------------------------------------
+    def _plain(self, line: bytes, line_no: int | None) -> list[Record]:
+        match = P.PLAIN_STEP.search(line)
+        if not match:
+            return []
+        signals: dict[str, float] = {}
+        for raw_key, raw_value in P.PLAIN_FIELD.findall(line, match.end()):
+            name = canonical(raw_key.decode())
+            value = to_float(raw_value.decode())
+            if name is not None and value is not None:
+                signals[name] = value
+        if not signals:
+            return []
+        rank = _int(match.group(1).decode()) if match.group(1) else None
+        step = int(match.group(2))
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        return [Record(step=step, rank=rank, signals=signals, source=self.source, line_no=line_no)]
+
     # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
     def _facts(self, line: bytes, line_no: int | None) -> list[Record]:
         facts = _facts_from_line(line)
@@ -198,6 +222,8 @@ TextLogParser._PARSERS = (
     (b"iteration ", TextLogParser._megatron),
     (b"(train)", TextLogParser._mmengine),
     (b"(val)", TextLogParser._mmengine),
+    (b"step ", TextLogParser._plain),
+    (b"iter ", TextLogParser._plain),
     (b" ", TextLogParser._facts),
 )
 

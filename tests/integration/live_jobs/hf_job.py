@@ -35,9 +35,8 @@ def build(name: str):
     args_kw: dict = {}
     model = tiny.tiny_gpt2()
     faults = Faults(name)
-    from stub_detectors import detectors_or_stubs
 
-    callback_kw: dict = {"halt_on": "warning", "fingerprint_every": 1, "detectors": detectors_or_stubs()}
+    callback_kw: dict = {"halt_on": "warning", "fingerprint_every": 1, "detectors": None}
 
     if name == "healthy-z1":
         kw["stage"] = 1
