@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from tests.conftest import FIXTURES
 from lossguard.api import analyze
 from lossguard.cli.options import load_known_facts
+from tests.conftest import FIXTURES
 
 EXCERPTS = FIXTURES / "excerpts"
 
