@@ -116,7 +116,7 @@ def score(name: str, run_dir: Path) -> dict[str, Verdict | None]:
         "runmedic:state": judge_runmedic(run_dir / "trainer_state.json"),
     }
     if healthy_expected:  # memorisation is healthy: only a broken/warning verdict counts as a detection
-        for key, verdict in out.items():
+        for verdict in out.values():
             if verdict is not None and verdict.signature == "memorization":
                 verdict.detected = False
     return out
