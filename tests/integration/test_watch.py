@@ -79,8 +79,10 @@ def test_bf16_zero2_nan_run_is_stopped(tmp_path):
     assert data["onset_step"] == inf_step
     logs = logged_steps(result.stdout)
     assert logs[inf_step - 1]["grad_norm"] == "inf"
-    assert logs[-1]["step"] <= inf_step + 1, logs  # one logging interval (one step here)
-    assert data["watch"]["halt_step"] == inf_step
+    # The log carries no precision facts, and `grad_norm inf` next to a finite loss is also what a
+    # skipped fp16 step prints; the next line (loss nan) is the revealing one. Onset stays at the fault.
+    assert data["watch"]["halt_step"] in (inf_step, inf_step + 1)
+    assert logs[-1]["step"] <= data["watch"]["halt_step"] + 1, logs  # one logging interval (one step here)
     assert_no_orphans(data)
 
 

@@ -25,7 +25,7 @@ class NonFiniteLoss(DetectorBase):
     finite, non-zero loss is what a skipped step looks like in a log without OVERFLOW lines; it counts
     only if the next log shows the weights died (loss 0.0 or NaN), with the onset at the first one."""
 
-    wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow"})
+    wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
     code = "LOSS001"
     name = "loss.nonfinite"
     signature = "nonfinite"
@@ -35,11 +35,17 @@ class NonFiniteLoss(DetectorBase):
         super().__init__()
         self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
         self._pending: PerRank[list] = PerRank(list)  # [(step, grad)] of non-finite norms, finite loss
+        self._may_skip = True  # unless the facts rule it out, an inf norm may be a skipped fp16 step
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
             if record.event == "overflow" and record.step is not None:
                 self._fp16_skip_until = record.step + 1
+            elif record.event == "facts":
+                # bf16 without check_grad_overflow never skips: a non-finite norm is fatal at once.
+                if record.data.get("bf16") and not record.data.get("fp16") and \
+                        record.data.get("check_grad_overflow") is not True:
+                    self._may_skip = False
             return []
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
@@ -52,7 +58,7 @@ class NonFiniteLoss(DetectorBase):
         pending = self._pending[record.rank]
         grad, loss = record.get("grad_norm"), record.get("loss")
         if is_nonfinite(grad) and not skipped:
-            if loss is not None and loss != 0.0:
+            if loss is not None and loss != 0.0 and self._may_skip:
                 if not pending:  # maybe an fp16 skip (a streak of them while the scale calibrates)
                     pending.append((record.step, grad))
                 return []
