@@ -144,7 +144,7 @@ def check_label_leakage(run: RunResult) -> None:
     assert run.returncode == 0
     assert _mean(e["loss"] for e in logs[-5:]) < 0.1
     assert all(math.isfinite(e["grad_norm"]) for e in logs)
-    assert eval_loss(run.out_dir) < 0.5  # the leak works on unseen data too: not memorisation
+    assert eval_loss(run.out_dir) < 2.0  # the leak helps on unseen data too (twin: ~5): not memorisation
 
 
 def check_no_collapse(run: RunResult) -> None:
