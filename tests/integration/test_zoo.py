@@ -244,6 +244,27 @@ def test_slow_scenarios_reproduce(name, tmp_path_factory):
     CHECKS[name](_run(name, tmp_path_factory))
 
 
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:
+            continue  # the process ended while we looked
+    return found
+
+
+def test_timeout_kills_the_whole_job(tmp_path):
+    """A run past its limit is stopped as a process group: torchrun and both ranks, nothing left behind."""
+    out = tmp_path / "timeout-run"
+    result = run_scenario("healthy-zero2", out, timeout_s=4)
+    assert result.timed_out and result.returncode != 0
+    assert result.wall_s < 30
+    assert result.stdout_path.exists()
+    assert _processes_mentioning(str(out)) == []
+
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real"
 
 

@@ -69,9 +69,13 @@ def test_tokenizer_round_trips_special_tokens():
 
 def test_registry_launcher_and_data_do_not_import_torch():
     """`lossguard` lists and launches the zoo without the training stack; only the job itself needs torch."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    src = str(Path(__file__).resolve().parents[2] / "src")
     code = ("import sys, lossguard.probe.scenarios, lossguard.probe.launch, lossguard.probe.data; "
-            "sys.exit('torch' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+            "sys.exit(2 if 'torch' in sys.modules else 0)")
+    env = {**os.environ, "PYTHONPATH": src}
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
