@@ -20,9 +20,11 @@ demo: setup
 	$(VENV)/bin/lossguard demo
 
 test: setup
+	bash scripts/install_browser.sh
 	$(PY) -m pytest -q
 
 test-all: setup
+	bash scripts/install_browser.sh
 	$(PY) -m pytest -q -m ''
 
 lint: setup

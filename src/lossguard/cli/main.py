@@ -18,7 +18,12 @@ from lossguard import __version__
 # command name -> (module, attribute, one-line help). Add a command here and in its own module.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "analyze": ("lossguard.cli.analyze_cmd", "analyze", "Diagnose training logs: verdict, signature, onset, causes."),
+    "watch": ("lossguard.cli.watch_cmd", "watch", "Run a training command, diagnose it live, stop it when it dies."),
     "explain": ("lossguard.cli.explain_cmd", "explain", "Explain a signature id, detector code or lint rule."),
+    "lint": ("lossguard.cli.lint_cmd", "lint", "Check a DeepSpeed config, training arguments and versions before a run."),
+    "rules": ("lossguard.cli.lint_cmd", "rules", "List the lint rules: code, name, severity, fix, summary."),
+    "env": ("lossguard.cli.lint_cmd", "env", "Print package versions and GPU facts to paste into an issue."),
+    "demo": ("lossguard.cli.demo_cmd", "demo", "Run a real tiny DeepSpeed job that dies, catch it, diagnose it, run the fix."),
 }
 
 

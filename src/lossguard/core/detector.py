@@ -18,6 +18,8 @@ class Detector(Protocol):
     code: str  # stable, never reused: LOSS001, GRAD002, ...
     name: str  # dotted: loss.nan-filter-zero
     signature: str | None  # the DESIGN.md signature this detector reports
+    # Optional `wants: frozenset[str]`: the signal and event names it reads. The engine then routes
+    # only records carrying one of them to it; without `wants` it sees every record.
 
     def observe(self, record: Record) -> list[Finding]: ...
 

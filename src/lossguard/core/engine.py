@@ -56,12 +56,20 @@ class Engine:
         self._window: list[Record] | None = None
         self._after_left = _CONTEXT_AFTER
         self._broken: set[str] = set()
+        # (signal names, event) -> the detectors that want such a record; see `_route`.
+        self._routes: dict[tuple, list[Detector]] = {}
+        self._started = False
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, record: Record) -> list[Finding]:
+        if not self._started:
+            self._started = True
+            known = self.facts.known()
+            if known:  # facts the caller knew up front (--config, --env) reach detectors as an event
+                self.feed(Record(step=None, kind=EVENT, event="facts", data=known, source="given"))
         self._account(record)
         new: list[Finding] = []
-        for detector in self.detectors:
+        for detector in self._route(record):
             if detector.code in self._broken:
                 continue
             try:
@@ -70,6 +78,19 @@ class Engine:
                 new.append(self._internal_error(detector, exc))
         self._keep(record, new)
         return self._collect(new)
+
+    def _route(self, record: Record) -> list[Detector]:
+        """Detectors that declare `wants` (signal and event names) see only matching records: a big
+        log's `step=` lines then cost two detector calls, not thirteen."""
+        key = (tuple(record.signals), record.event)
+        route = self._routes.get(key)
+        if route is None:
+            names = set(record.signals) | {record.event}
+            route = [d for d in self.detectors
+                     if getattr(d, "wants", None) is None or names & d.wants]
+            if len(self._routes) < 1024:
+                self._routes[key] = route
+        return route
 
     def feed_all(self, records) -> None:
         for record in records:
@@ -91,6 +112,18 @@ class Engine:
             stats=self.stats,
             series=self.series,
             onset_window=self._window or list(self._recent),
+            num_suppressed=self._suppressed,
+        )
+
+    def snapshot(self) -> EngineResult:
+        """The picture so far without calling the detectors' `finish`: the live path (watch) diagnoses this
+        after each new finding and keeps feeding; `finish` is still called once at the end."""
+        return EngineResult(
+            findings=list(self.findings),
+            facts=self.facts,
+            stats=self.stats,
+            series=self.series,
+            onset_window=list(self._window or self._recent),
             num_suppressed=self._suppressed,
         )
 
@@ -124,7 +157,7 @@ class Engine:
             return
         if self._window is None:
             self._recent.append(record)
-            if any(f.severity >= Severity.WARNING for f in new):
+            if new and any(f.severity >= Severity.WARNING for f in new):
                 self._window = list(self._recent)
         elif self._after_left > 0:
             self._window.append(record)

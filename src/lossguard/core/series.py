@@ -5,6 +5,7 @@ Display only: detectors see every record; this keeps every k-th point and double
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -14,8 +15,15 @@ class Downsampled:
     stride: int = 1
     seen: int = 0
     points: list[tuple[int, float]] = field(default_factory=list)
+    transitions: int = 0
 
     def add(self, step: int, value: float) -> None:
+        # A lone NaN between kept points would vanish from the plot: keep every finite -> non-finite
+        # transition (bounded, so a run that is NaN at every step still costs O(capacity)).
+        if not math.isfinite(value) and self.points and math.isfinite(self.points[-1][1]) \
+                and self.seen % self.stride != 0 and self.transitions < self.capacity // 8:
+            self.points.append((step, value))
+            self.transitions += 1
         if self.seen % self.stride == 0:
             self.points.append((step, value))
             if len(self.points) >= self.capacity:

@@ -56,6 +56,9 @@ ALIASES: dict[str, str] = {
     "train/epoch": "epoch",
     "update_ratio": "update_ratio",
     "param_fingerprint": "param_fingerprint",
+    "param_sum": "param_fingerprint",
+    "weight_sum": "param_fingerprint",
+    "fingerprint": "param_fingerprint",
 }
 
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "current_steps", "train/global_step")

@@ -1,0 +1,106 @@
+"""How fast is `lossguard analyze` on a big log, next to `grep -c` on the same file?
+
+Builds a realistic HF Trainer + DeepSpeed stdout log (DeepSpeed banner and config dump, per-step
+timer/throughput INFO lines, tqdm progress lines, an HF log dict every 10 steps, `step=` lines,
+occasional warnings and an fp16 overflow at start-up) of 1M lines, runs both commands as
+subprocesses, and prints lines/s and the ratio. Peak RSS is printed for 1M and 4M lines to show
+that memory stays flat as the file grows.
+
+    python bench/analyze_speed.py [--lines 1000000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEADER = """\
+[2026-11-01 10:00:00,000] [INFO] [real_accelerator.py:254:get_accelerator] Setting ds_accelerator to cuda (auto detect)
+[2026-11-01 10:00:02,000] [INFO] [logging.py:107:log_dist] [Rank 0] DeepSpeed info: version=0.14.0, git-hash=unknown, git-branch=unknown
+[2026-11-01 10:00:03,000] [INFO] [config.py:1003:print]   bfloat16_enabled ............. True
+[2026-11-01 10:00:03,000] [INFO] [config.py:1003:print]   communication_data_type ...... None
+[2026-11-01 10:00:03,000] [INFO] [config.py:1003:print]   zero_config .................. stage=2 contiguous_gradients=True reduce_scatter=True reduce_bucket_size=200000000 use_multi_rank_bucket_allreduce=True overlap_comm=True
+"""
+
+
+def build_log(path: Path, num_lines: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    written = 0
+    step = 0
+    loss = 2.5
+    total = num_lines // 4
+    with open(path, "w") as out:
+        out.write(HEADER)
+        written += HEADER.count("\n")
+        while written < num_lines:
+            step += 1
+            loss = max(0.3, loss * 0.9999 + rng.uniform(-0.01, 0.01))
+            rate = 1.2 + rng.random()
+            lines = [
+                f"[2026-11-01 10:{step // 60 % 60:02d}:{step % 60:02d},123] [INFO] [timer.py:264:stop] "
+                f"epoch=0/micro_step={step}/global_step={step}, RunningAvgSamplesPerSec={rate * 8:.3f}, "
+                f"CurrSamplesPerSec={rate * 8:.3f}, MemAllocated=13.2GB, MaxMemAllocated=21.0GB",
+                f"{100 * step // total:3d}%|###       | {step}/{total} [01:{step % 60:02d}<10:00, {rate:.2f}it/s]",
+                "[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | fwd: 120.1 | "
+                "bwd: 240.2 | bwd_inner: 230.1 | bwd_allreduce: 10.0 | step: 30.3",
+            ]
+            if step % 10 == 0:
+                lines.append(f"{{'loss': {loss:.4f}, 'grad_norm': {rng.uniform(0.5, 2):.4f}, "
+                             f"'learning_rate': 1e-05, 'epoch': {step / total:.4f}}}")
+                lines.append(f"[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] "
+                             f"step={step}, skipped=0, lr=[1e-05, 1e-05], mom=[(0.9, 0.999), (0.9, 0.999)]")
+            if step % 997 == 0:
+                lines.append("WARNING: tokenization mismatch: 512 vs. 509. (ignored)")
+            out.write("\n".join(lines) + "\n")
+            written += len(lines)
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS in MiB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) not in (0, 1):
+        sys.exit(f"command failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
+    return wall, usage.ru_maxrss // 1024
+
+
+def best(cmd: list[str], repeat: int) -> tuple[float, int]:
+    runs = [timed(cmd) for _ in range(repeat)]
+    return min(r[0] for r in runs), max(r[1] for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    analyze = [sys.executable, "-m", "lossguard", "analyze", "--format", "json", "--fail-on", "never"]
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "train.log"
+        build_log(log, args.lines)
+        size_mb = log.stat().st_size / 1e6
+        grep_s, _ = best(["grep", "-c", "loss", str(log)], args.repeat)
+        ours_s, rss_1 = best([*analyze, str(log)], args.repeat)
+        print(f"log: {args.lines:,} lines, {size_mb:.0f} MB")
+        print(f"grep -c          : {grep_s:7.3f} s  {args.lines / grep_s:>12,.0f} lines/s")
+        print(f"lossguard analyze: {ours_s:7.3f} s  {args.lines / ours_s:>12,.0f} lines/s")
+        print(f"ratio analyze / grep: {ours_s / grep_s:.2f}x  (target <= 5x)")
+        big = Path(tmp) / "train4x.log"
+        build_log(big, 4 * args.lines)
+        _, rss_4 = best([*analyze, str(big)], 1)
+        print(f"peak RSS: {rss_1} MiB at {args.lines:,} lines, {rss_4} MiB at {4 * args.lines:,} lines")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Step-time overhead of the live guard on a two-rank ZeRO-2 Trainer run (CPU, gloo).
+
+    python bench/overhead.py [--steps 14] [--rounds 2]
+
+Arms, interleaved round after round in one two-rank job (same model, data, seed):
+  base      no callback
+  default   LossguardCallback() with default options
+  print1    LossguardCallback(fingerprint_every=1): fingerprint + update ratio every step
+  histo     anchor: per-parameter gradient-histogram hooks in the style of wandb.watch(log="all",
+            log_freq=1): torch.histc of every gradient, copied to the host, every step
+Prints the median step-time ratio of each arm to `base`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ARMS = ("base", "default", "print1", "histo")
+
+
+def worker(out: str, steps: int, rounds: int) -> None:
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+    from torch.utils.data import Dataset
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from lossguard import LossguardCallback
+
+    vocab, seq = 16000, 64
+
+    class Data(Dataset):
+        def __len__(self):
+            return 10_000
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, vocab, (seq,), generator=g)
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.t: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t.append(time.perf_counter())
+
+    def histo_hooks(model):
+        def hook(grad):
+            torch.histc(grad.detach().float(), bins=64).cpu()  # what wandb.watch(log="all") does per param
+
+        return [p.register_hook(hook) for p in model.parameters() if p.requires_grad]
+
+    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+          "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": {"stage": 2},
+          "steps_per_print": 10**9}
+    results: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for _ in range(rounds):
+        for arm in ARMS:
+            torch.manual_seed(0)
+            model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=384, n_layer=8,
+                                               n_head=6))
+            timer = Timer()
+            callbacks = [timer]
+            if arm == "default":
+                callbacks.append(LossguardCallback())
+            elif arm == "print1":
+                callbacks.append(LossguardCallback(fingerprint_every=1))
+            elif arm == "histo":
+                histo_hooks(model)
+            args = TrainingArguments(output_dir=os.path.join(out, arm), per_device_train_batch_size=4,
+                                     max_steps=steps, learning_rate=1e-4, logging_steps=10**6,
+                                     save_strategy="no", report_to=[], seed=0, deepspeed=ds, use_cpu=True,
+                                     disable_tqdm=True)
+            Trainer(model=model, args=args, train_dataset=Data(), callbacks=callbacks).train()
+            steps_s = [b - a for a, b in zip(timer.t[2:], timer.t[3:])]  # skip warm-up steps
+            results[arm].append(statistics.median(steps_s))
+            AcceleratorState._reset_state(True)
+            GradientState._reset_state()
+        n_params = sum(p.numel() for p in model.parameters())
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(os.path.join(out, "bench.json"), "w") as fh:
+            json.dump({"median_step_s": results, "num_params": n_params}, fh)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--worker", default=None)
+    opts = parser.parse_args()
+    if opts.worker:
+        worker(opts.worker, opts.steps, opts.rounds)
+        return
+    out = tempfile.mkdtemp(prefix="lossguard-bench-")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    subprocess.run([torchrun, "--nproc_per_node", "2", __file__, "--worker", out, "--steps", str(opts.steps),
+                    "--rounds", str(opts.rounds)], env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out, "bench.json")) as fh:
+        data = json.load(fh)
+    per_round = data["median_step_s"]
+    print(f"model: {data['num_params'] / 1e6:.1f}M parameters, two ranks, ZeRO-2, CPU")
+    for arm in ARMS:
+        ratios = [t / b for t, b in zip(per_round[arm], per_round["base"])]
+        print(f"{arm:8s} median step {statistics.median(per_round[arm]) * 1e3:8.1f} ms   "
+              f"ratio to base {statistics.median(ratios):.3f}  (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""`lossguard analyze PATH...`"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from lossguard.cli.errors import UserError
+from lossguard.cli.options import fail_on_option, load_known_facts, should_fail
+
+
+@click.command("analyze")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+@fail_on_option
+@click.option("--config", "ds_config", type=click.Path(dir_okay=False),
+              help="The run's DeepSpeed config (JSON/YAML): joins its settings into the diagnosis.")
+@click.option("--env", "env_file", type=click.Path(dir_okay=False),
+              help="`pip freeze` or `lossguard env` output of the run's environment.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Also write an HTML report here.")
+def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | None, env_file: str | None,
+            html_path: str | None) -> None:
+    """Diagnose training logs: verdict, failure signature, onset step, ranked causes and fixes.
+
+    PATHS are stdout logs, trainer_state.json, TensorBoard event files, JSONL/CSV logs, output
+    directories (checkpoint-* handled), a lossguard events directory, or - for stdin.
+    """
+    from lossguard.api import analyze as run_analysis
+    from lossguard.sources.base import SourceError
+
+    facts = load_known_facts(ds_config, env_file)
+    try:
+        diagnosis = run_analysis(paths, facts=facts)
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    if fmt == "json":
+        from lossguard.report.json_report import write_json
+
+        write_json(diagnosis.to_dict(), sys.stdout)
+    else:
+        from lossguard.report.terminal import render
+
+        render(diagnosis)
+    if html_path:
+        from lossguard.report.html import write_html
+
+        write_html(diagnosis, html_path)
+        if fmt != "json":
+            click.echo(f"HTML report: {html_path}")
+    if should_fail(diagnosis.findings, fail_on):
+        sys.exit(1)
+

@@ -1,0 +1,156 @@
+"""`lossguard lint`, `lossguard rules`, `lossguard env`: thin shells over `lossguard.lint`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from lossguard.cli.errors import UserError
+
+_FAIL_ON = ("info", "warning", "error", "critical", "never")
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _gather_args(training_args: str | None, cmd: str | None, trust_pickle: bool,
+                 world_size: int | None) -> dict[str, Any] | None:
+    from lossguard.lint.args import ArgsError, load_args_file, parse_command
+
+    args: dict[str, Any] | None = None
+    try:
+        if training_args:
+            args = load_args_file(training_args, trust_pickle=trust_pickle)
+        if cmd:
+            from_cmd = parse_command(cmd, trust_pickle=trust_pickle)
+            if args:  # the file names the framework; the command adds the launch facts
+                from_cmd = {k: v for k, v in from_cmd.items() if k not in ("origin", "framework")}
+            args = {**(args or {}), **from_cmd}
+    except ArgsError as exc:
+        raise UserError(str(exc)) from None
+    if world_size is not None:
+        args = {**(args or {"origin": "--world-size", "framework": "hf"}), "world_size": world_size}
+    return args
+
+
+def _versions(env_file: str | None) -> dict[str, str]:
+    from lossguard.lint.env import EnvFileError, installed_versions, versions_from_file
+
+    if env_file is None:
+        return installed_versions()
+    try:
+        return versions_from_file(env_file)
+    except EnvFileError as exc:
+        raise UserError(str(exc)) from None
+
+
+@click.command("lint")
+@click.argument("config", type=click.Path(dir_okay=True))
+@click.option("--training-args", "training_args", metavar="FILE",
+              help="TrainingArguments as JSON/YAML (HF dump, LLaMA-Factory or axolotl YAML) or training_args.bin.")
+@click.option("--cmd", metavar="'LAUNCH COMMAND'", help="The launch command: deepspeed / torchrun / accelerate launch ...")
+@click.option("--env", "env_file", metavar="FILE", help="`pip freeze` or `lossguard env` output (default: installed packages).")
+@click.option("--world-size", type=click.IntRange(min=1), help="Number of ranks, when the command does not tell.")
+@click.option("--trust-pickle", is_flag=True, help="Allow reading training_args.bin (unpickling runs code).")
+@click.option("--fix", "do_fix", is_flag=True, help="Apply safe fixes to the config file.")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes that change memory use or numerics.")
+@click.option("-o", "--output", metavar="FILE", help="Write the fixed config here instead of over CONFIG.")
+@click.option("--format", "fmt", type=click.Choice(["human", "json", "sarif", "github"]), default="human",
+              show_default=True)
+@click.option("--select", multiple=True, metavar="CODES", help="Only these rules (code prefix or name; repeat or comma-separate).")
+@click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rules (code prefix or name).")
+@click.option("--fail-on", type=click.Choice(_FAIL_ON), default="warning", show_default=True,
+              help="Exit 1 when a finding has at least this severity.")
+@click.option("--deepspeed-schema", is_flag=True, help="Also validate with the installed DeepSpeed (imports torch: slow).")
+def lint(config: str, training_args: str | None, cmd: str | None, env_file: str | None, world_size: int | None,
+         trust_pickle: bool, do_fix: bool, unsafe_fixes: bool, output: str | None, fmt: str,
+         select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, deepspeed_schema: bool) -> None:
+    """Check a DeepSpeed config (JSON/YAML) with its training arguments and package versions.
+
+    \b
+    Exit codes: 0 no finding at or above --fail-on (default: warning), 1 findings, 2 bad input.
+    Examples:
+      lossguard lint ds_zero2.json --cmd "deepspeed --num_gpus 8 train.py --deepspeed ds_zero2.json --bf16 True"
+      lossguard lint ds_zero2.json --env pip-freeze.txt --fix
+    """
+    from lossguard.lint.api import fix_document, lint_context, run_rules
+    from lossguard.lint.document import ConfigError, read_document
+    from lossguard.lint.report import render, summary
+
+    try:
+        doc = read_document(config)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    for warning in doc.warnings:
+        click.echo(f"lossguard: warning: {warning}", err=True)
+    args = _gather_args(training_args, cmd, trust_pickle, world_size)
+    versions = _versions(env_file)
+    sel, ign = _split(select), _split(ignore)
+    options = {"deepspeed_schema": deepspeed_schema}
+    data = doc.data
+    if do_fix or unsafe_fixes:
+        result = fix_document(doc, {"training_args": args, "env": versions, "options": options},
+                              unsafe=unsafe_fixes, select=sel, ignore=ign)
+        for warning in result.warnings:
+            click.echo(f"lossguard: warning: {warning}", err=True)
+        target = output or config
+        if result.applied or output:
+            try:
+                with open(target, "w", encoding="utf-8") as fh:
+                    fh.write(result.text)
+            except OSError as exc:
+                raise UserError(f"{target}: cannot write the fixed config ({exc.strerror})") from None
+        codes = ", ".join(sorted({f.code for f in result.applied})) or "none"
+        click.echo(f"lossguard: applied {len(result.applied)} fix(es) ({codes}); wrote {target}"
+                   if result.applied or output else "lossguard: nothing to fix", err=True)
+        data = result.data
+        from lossguard.lint.document import parse_text
+
+        doc = parse_text(result.text, doc.source, doc.fmt)
+    ctx = lint_context(data, args, versions, source=config, options=options)
+    findings = run_rules(ctx, sel, ign)
+    lines = {id(f): (doc.line_of(tuple(f.location.split("."))) if f.location and not f.location.startswith(("args.", "env."))
+                     else None) for f in findings}
+    color = fmt == "human" and sys.stdout.isatty()
+    text = render(findings, fmt, config, lines, color=color)
+    click.echo(text, nl=False)
+    if fmt != "human" and findings:
+        click.echo(f"lossguard: {summary(findings)}", err=True)
+    if fail_on != "never":
+        from lossguard.core.findings import Severity
+
+        threshold = Severity.parse(fail_on)
+        if any(f.severity >= threshold for f in findings):
+            sys.exit(1)
+
+
+@click.command("rules")
+@click.option("--format", "fmt", type=click.Choice(["human", "json", "markdown"]), default="human", show_default=True)
+def rules(fmt: str) -> None:
+    """List every lint rule: code, name, severity, fix kind, summary."""
+    import json
+
+    from lossguard.lint.catalog import rule_table, rules_markdown
+
+    rows = rule_table()
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    elif fmt == "markdown":
+        click.echo(rules_markdown(rows), nl=False)
+    else:
+        width = max(len(r["name"]) for r in rows)
+        fix_width = max(len(r["fix"]) for r in rows)
+        for r in rows:
+            click.echo(f"{r['code']}  {r['name']:<{width}}  {r['severity']:<8} {r['fix']:<{fix_width}}  {r['summary']}")
+
+
+@click.command("env")
+@click.option("--no-cuda", is_flag=True, help="Do not import torch to read CUDA/GPU details.")
+def env(no_cuda: bool) -> None:
+    """Print package versions (and CUDA/GPU when torch is installed) to paste into an issue."""
+    from lossguard.lint.env import env_report
+
+    click.echo(env_report(with_cuda=not no_cuda), nl=False)

@@ -1,0 +1,48 @@
+"""Options and helpers shared by several commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from lossguard.cli.errors import UserError
+from lossguard.core.facts import RunFacts, facts_from_ds_config, facts_from_versions
+from lossguard.core.findings import Finding, Severity
+
+FAIL_ON_CHOICES = ["info", "warning", "error", "critical", "never"]
+
+fail_on_option = click.option(
+    "--fail-on", type=click.Choice(FAIL_ON_CHOICES), default="error", show_default=True,
+    help="Exit 1 when a finding is at or above this severity.")
+
+
+def should_fail(findings: list[Finding], fail_on: str) -> bool:
+    if fail_on == "never":
+        return False
+    threshold = Severity.parse(fail_on)
+    return any(f.severity >= threshold for f in findings)
+
+
+def load_known_facts(ds_config: str | None, env_file: str | None) -> RunFacts:
+    facts = RunFacts()
+    if ds_config:
+        from lossguard.lint.document import ConfigError, load_config
+
+        try:
+            config, _ = load_config(ds_config)
+        except ConfigError as exc:
+            raise UserError(str(exc)) from None
+        facts.merge(facts_from_ds_config(config, Path(ds_config).name))
+    if env_file:
+        from lossguard.core.versions import parse_versions
+
+        try:
+            text = Path(env_file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise UserError(f"{env_file}: cannot read ({exc.strerror}); pass `pip freeze > env.txt` output") from None
+        found = parse_versions(text)
+        if not found:
+            raise UserError(f"{env_file}: no `name==version` lines found; pass `pip freeze` or `lossguard env` output")
+        facts.merge(facts_from_versions(found, Path(env_file).name))
+    return facts

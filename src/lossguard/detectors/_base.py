@@ -1,0 +1,90 @@
+"""Shared pieces for detectors: per-rank state, emit-once, and the value tests KNOWLEDGE.md §0 defines."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from lossguard.core.findings import Finding, Severity
+
+S = TypeVar("S")
+
+# DeepSpeed replaces a non-finite per-group norm with -1 (or masks it), so the global norm becomes
+# sqrt(number of groups): 1.0, 1.414..., 1.732..., 2.0 (KNOWLEDGE.md §0.4).
+SENTINELS = tuple(math.sqrt(k) for k in range(1, 9))
+
+
+def is_nonfinite(value: float | None) -> bool:
+    return value is not None and not math.isfinite(value)
+
+
+def printed_tolerance(value: float) -> float:
+    """Half a unit in the last printed digit: transformers 5 prints '1.414', older versions the full float."""
+    text = repr(float(value))
+    if "e" in text or "inf" in text or "nan" in text:
+        return 1e-6
+    digits = text.replace("-", "").replace(".", "").lstrip("0")
+    if len(digits) >= 9:  # a full float32/float64 repr
+        return 1e-6
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return 0.5 * 10 ** (-decimals) + 1e-9
+
+
+def sentinel_index(value: float | None) -> int | None:
+    """k when `value` is sqrt(k) for a small integer k (to the precision it was printed with)."""
+    if value is None or not math.isfinite(value) or value <= 0:
+        return None
+    k = round(value * value)
+    if not 1 <= k <= len(SENTINELS) or abs(value - SENTINELS[k - 1]) > 0.06:
+        return None  # cheap exit for the common case; the exact tolerance needs repr()
+    tolerance = printed_tolerance(value)
+    for k, root in enumerate(SENTINELS, 1):
+        if abs(value - root) <= tolerance:
+            return k
+    return None
+
+
+class PerRank(Generic[S]):
+    """State per rank (None = the run-level log), created on first use."""
+
+    def __init__(self, factory: Callable[[], S]) -> None:
+        self._factory = factory
+        self._states: dict[int | None, S] = {}
+
+    def __getitem__(self, rank: int | None) -> S:
+        state = self._states.get(rank)
+        if state is None:
+            state = self._states[rank] = self._factory()
+        return state
+
+    def items(self):
+        return self._states.items()
+
+
+class DetectorBase:
+    """Emits one finding at the onset (the first time its condition holds), then counts."""
+
+    code = "?"
+    name = "?"
+    signature: str | None = None
+    severity = Severity.ERROR
+
+    def __init__(self) -> None:
+        self.fired: Finding | None = None
+        self.count = 0
+
+    def emit(self, message: str, step: int | None, rank: int | None = None, *,
+             severity: Severity | None = None, signature: str | None = None, **data) -> list[Finding]:
+        self.count += 1
+        if self.fired is not None:
+            return []
+        self.fired = Finding(code=self.code, name=self.name, severity=severity or self.severity,
+                             message=message, step=step, rank=rank,
+                             signature=signature or self.signature, data=data)
+        return [self.fired]
+
+    def finish(self) -> list[Finding]:
+        if self.fired is not None and self.count > 1:
+            self.fired.data["occurrences"] = self.count
+        return []

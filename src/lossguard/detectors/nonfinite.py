@@ -1,0 +1,182 @@
+"""Non-finite values: shown (`nan` / `inf` in the log) or hidden (the Trainer's NaN filter prints 0.0;
+DeepSpeed's grad-norm sentinels). KNOWLEDGE.md §0.1, §0.4, §0.6."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lossguard.core.detector import register
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import EVAL, EVENT, TRAIN, Record
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, sentinel_index
+
+# Consecutive exact-zero logs after a normal loss that prove the filter artefact on their own.
+_ZERO_STREAK = 3
+# A finite loss at least this large before the zeros: a real decay to ~0 passes through small values.
+_NORMAL_LOSS = 0.05
+
+
+@register
+class NonFiniteLoss(DetectorBase):
+    """LOSS001: loss, eval loss or gradient norm is NaN/Inf in the log (or in the live raw loss).
+
+    A skipped step is not a death: fp16 loss scaling (and bf16 `check_grad_overflow`) drop the step
+    and the weights stay finite, so those are left to SCALE001. A non-finite grad norm next to a
+    finite, non-zero loss is what a skipped step looks like in a log without OVERFLOW lines; it counts
+    only if the next log shows the weights died (loss 0.0 or NaN), with the onset at the first one."""
+
+    wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow"})
+    code = "LOSS001"
+    name = "loss.nonfinite"
+    signature = "nonfinite"
+    severity = Severity.CRITICAL
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
+        self._pending: PerRank[list] = PerRank(list)  # [(step, grad)] of non-finite norms, finite loss
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT:
+            if record.event == "overflow" and record.step is not None:
+                self._fp16_skip_until = record.step + 1
+            return []
+        skipped = record.data.get("step_skipped") or self._skipped_here(record)
+        for name in ("raw_loss", "loss", "eval_loss"):
+            value = record.get(name)
+            if is_nonfinite(value) and not (skipped and record.kind == TRAIN):
+                where = "evaluation loss" if record.kind == EVAL else name.replace("_", " ")
+                return self._fire(record, f"{where} is {value} at step {record.step}", name, value)
+        if record.kind != TRAIN:
+            return []
+        pending = self._pending[record.rank]
+        grad, loss = record.get("grad_norm"), record.get("loss")
+        if is_nonfinite(grad) and not skipped:
+            if loss is not None and loss != 0.0:
+                if not pending:  # maybe an fp16 skip (a streak of them while the scale calibrates)
+                    pending.append((record.step, grad))
+                return []
+            return self._fire(record, f"gradient norm is {grad} at step {record.step}", "grad_norm", grad)
+        if pending and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
+            return self._fire(record, f"gradient norm is {pending[0][1]} at step {pending[0][0]}, and the "
+                                      f"loss is {loss} right after", "grad_norm", pending[0][1])
+        if grad is not None and not is_nonfinite(grad):
+            pending.clear()
+        return []
+
+    def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
+        pending = self._pending[record.rank]
+        step = pending[0][0] if pending else record.step
+        pending.clear()
+        return self.emit(message, step, record.rank, signal=signal, value=str(value))
+
+    def _skipped_here(self, record: Record) -> bool:
+        # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.
+        return self._fp16_skip_until is not None and record.step is not None and \
+            record.step <= self._fp16_skip_until
+
+
+@dataclass
+class _ZeroState:
+    last_finite: float | None = None
+    zero_since: int | None = None
+    zero_streak: int = 0
+    corroborated: str | None = None
+
+
+@register
+class HiddenNonFinite(DetectorBase):
+    """LOSS002: loss printed as exactly 0.0 after a normal loss: the Trainer's `logging_nan_inf_filter`
+    turned a NaN window into 0.0. Confirmed at once by a NaN/sentinel grad norm or a NaN eval loss,
+    else by a streak of exact zeros."""
+
+    wants = frozenset({"loss", "eval_loss"})
+    code = "LOSS002"
+    name = "loss.nan-filter-zero"
+    signature = "nonfinite-hidden"
+    severity = Severity.CRITICAL
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_ZeroState)
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVAL and is_nonfinite(record.get("eval_loss")):
+            for rank, state in self._state.items():
+                if state.zero_since is not None:
+                    return self._fire(state, rank, "eval_loss is NaN while the training loss shows 0.0")
+            return []
+        loss = record.get("loss")
+        if record.kind != TRAIN or loss is None or record.get("raw_loss") is not None:
+            return []  # live records carry the raw loss: LOSS001 sees the NaN itself
+        state = self._state[record.rank]
+        if loss != 0.0:
+            if is_nonfinite(loss):
+                return []
+            state.last_finite, state.zero_since, state.zero_streak = loss, None, 0
+            return []
+        if state.last_finite is None or state.last_finite < _NORMAL_LOSS:
+            return []  # zero from the first log, or after a smooth decay: other detectors judge
+        if state.zero_since is None:
+            state.zero_since = record.step
+        state.zero_streak += 1
+        grad = record.get("grad_norm")
+        if is_nonfinite(grad):
+            return self._fire(state, record.rank, f"grad_norm is {grad} next to it")
+        if (k := sentinel_index(grad)) is not None:
+            return self._fire(state, record.rank, f"grad_norm {grad} is DeepSpeed's sqrt({k}) sentinel "
+                                                  "for non-finite gradients")
+        if state.zero_streak >= _ZERO_STREAK:
+            return self._fire(state, record.rank, f"{state.zero_streak} logs in a row are exactly 0.0")
+        return []
+
+    def _fire(self, state: _ZeroState, rank: int | None, why: str) -> list[Finding]:
+        return self.emit(
+            f"loss went from {state.last_finite:g} to exactly 0.0 at step {state.zero_since}: the Trainer's "
+            f"NaN filter hides non-finite losses as 0.0 ({why}); the weights are most likely NaN",
+            state.zero_since, rank, previous_loss=state.last_finite, evidence=why)
+
+
+@dataclass
+class _SentinelState:
+    value: float | None = None
+    streak: int = 0
+    since: int | None = None
+
+
+@register
+class GradNormSentinel(DetectorBase):
+    """GRAD001: grad_norm pinned at sqrt(k) (1.0, 1.4142135..., 1.7320508...): DeepSpeed's sentinel for
+    non-finite gradients in ZeRO-1/2 (-1 per param group, KNOWLEDGE.md §0.4)."""
+
+    wants = frozenset({"grad_norm"})
+    code = "GRAD001"
+    name = "grad.sentinel"
+    signature = "nonfinite-hidden"
+    severity = Severity.CRITICAL
+    _STREAK = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_SentinelState)
+
+    def observe(self, record: Record) -> list[Finding]:
+        grad = record.get("grad_norm")
+        if record.kind != TRAIN or grad is None:
+            return []
+        state = self._state[record.rank]
+        k = sentinel_index(grad)
+        if k is None:
+            state.value, state.streak, state.since = None, 0, None
+            return []
+        if state.value == grad:
+            state.streak += 1
+        else:
+            state.value, state.streak, state.since = grad, 1, record.step
+        loss = record.get("loss")
+        if state.streak >= self._STREAK or (loss == 0.0 and state.streak >= 1) or is_nonfinite(loss):
+            return self.emit(
+                f"grad_norm is {grad} (sqrt({k})) from step {state.since}: DeepSpeed reports sqrt(number of "
+                f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
+                value=grad, groups=k)
+        return []

@@ -1,0 +1,223 @@
+"""fp16 overflow storms (KNOWLEDGE.md §0.5, C1): skipped steps one after another, the loss scale
+falling to its floor, the LR frozen because DeepSpeed steps the scheduler only on applied steps.
+
+The start-up calibration is benign: DeepSpeed starts at 2^16 (or 2^32) and halves the scale on the
+first steps until gradients fit. A storm is a streak of skips *after* steps have been applied, a
+scale driven below 2^8, or DeepSpeed's own "already at minimum".
+"""
+
+from __future__ import annotations
+
+from lossguard.core.detector import register
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import EVENT, TRAIN, Record
+from lossguard.detectors._base import DetectorBase, is_nonfinite
+
+_MID_RUN_STREAK = 3
+_FLOOR_SCALE = 256.0
+
+
+@register
+class OverflowStorm(DetectorBase):
+    """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
+    at its floor, an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
+    lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
+    DeepSpeed steps the scheduler only on applied steps. Under bf16 (`check_grad_overflow` skips) the
+    same storm is reported as `nonfinite`."""
+
+    wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
+    code = "SCALE001"
+    name = "scale.overflow-storm"
+    signature = "fp16-overflow"
+    severity = Severity.CRITICAL
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_skipped = 0
+        self._applied_any = False  # a step went through: start-up calibration is over
+        self._streak = 0
+        self._streak_since: int | None = None
+        self._last_skip_step: int | None = None
+        self._last_skipped_total: float | None = None
+        self.calibration_skips = 0
+        self.midrun_skips = 0
+        self.lowest_scale: float | None = None
+        self._bf16: bool | None = None
+        self._lrs: list[float] = []  # the last few logged LRs (rank 0 / run level)
+        self._frozen_streak = 0
+        self._frozen_since: int | None = None
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT:
+            return self._event(record)
+        if record.kind != TRAIN:
+            return []
+        if record.rank not in (None, 0):
+            # Skips are global; another rank only adds its own non-finite loss on a skipped step.
+            raw = record.get("raw_loss")
+            if record.step == self._last_skip_step and self._applied_any and is_nonfinite(raw) \
+                    and self._streak >= 2:
+                return self._fire(record.step, f"rank {record.rank}'s loss is {raw} on a skipped step")
+            return []
+        skipped = record.get("skipped_steps")
+        if skipped is not None:
+            grew = self._last_skipped_total is not None and skipped > self._last_skipped_total
+            grew = grew or bool(record.data.get("step_skipped"))
+            self._last_skipped_total = skipped
+            if grew and record.step != self._last_skip_step:
+                return self._skip(record.step, record, record.get("loss_scale"))
+            if not grew:
+                self._applied(record)
+            return []
+        if record.get("loss") is not None and record.step != self._last_skip_step:
+            self._applied(record)
+        return self._frozen_lr(record)
+
+    def _event(self, record: Record) -> list[Finding]:
+        if record.event == "overflow":
+            return self._skip(record.step, record, record.data.get("new_scale"))
+        if record.event == "scale-at-minimum":
+            return self.emit("DeepSpeed reports the fp16 loss scale at its minimum: every step overflows",
+                             record.step, evidence="Current loss scale already at minimum")
+        if record.event == "facts":
+            if record.data.get("bf16") is not None:
+                self._bf16 = bool(record.data["bf16"])
+            elif record.data.get("fp16"):
+                self._bf16 = False
+        return []
+
+    def _frozen_lr(self, record: Record) -> list[Finding]:
+        lr, grad, loss = record.get("lr"), record.get("grad_norm"), record.get("loss")
+        if lr is None:
+            return []
+        was_moving = len(self._lrs) >= 2 and self._lrs[-1] != self._lrs[-2]
+        bad = is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss)
+        if bad and self._lrs and lr == self._lrs[-1] and (was_moving or self._frozen_streak):
+            if self._frozen_streak == 0:
+                self._frozen_since = record.step
+            self._frozen_streak += 1
+        else:
+            self._frozen_streak = 0
+        self._lrs = (self._lrs + [lr])[-3:]
+        if self._frozen_streak >= _MID_RUN_STREAK:
+            return self._fire(self._frozen_since, f"the learning rate froze at {lr:g} from step "
+                                                  f"{self._frozen_since} while the gradient norm is {grad}: "
+                                                  "every step is being skipped")
+        return []
+
+    def _applied(self, record: Record) -> None:
+        loss = record.get("raw_loss") if record.get("raw_loss") is not None else record.get("loss")
+        if loss is not None and not is_nonfinite(loss) and loss != 0.0:
+            self._applied_any = True
+            self._streak = 0
+
+    def _skip(self, step: int | None, record: Record, new_scale: float | None) -> list[Finding]:
+        self.num_skipped += 1
+        self._last_skip_step = step
+        if new_scale is not None:
+            self.lowest_scale = new_scale if self.lowest_scale is None else min(self.lowest_scale, new_scale)
+        if not self._applied_any:
+            self.calibration_skips += 1
+        if self._streak == 0:
+            self._streak_since = step
+        self._streak += 1
+        raw = record.get("raw_loss")
+        if self._applied_any:
+            self.midrun_skips += 1
+        if self._applied_any and is_nonfinite(raw) and self._streak >= 2:
+            # One skipped step is the protection working; two in a row with a non-finite forward loss
+            # means every step now overflows (caught at the next optimizer step after the fault).
+            return self._fire(self._streak_since, f"the loss is {raw} on {self._streak} skipped steps in "
+                                                  "a row: the forward pass itself overflows")
+        if self._applied_any and self._streak >= _MID_RUN_STREAK:
+            return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
+                                                  "had started")
+        if self.lowest_scale is not None and self.lowest_scale < _FLOOR_SCALE:
+            return self._fire(self._streak_since, f"loss scale driven down to {self.lowest_scale:g}")
+        return []
+
+    def _fire(self, step: int | None, why: str) -> list[Finding]:
+        if self._bf16:
+            return self.emit(f"bf16 steps skipped one after another from step {step}: {why}. Every gradient "
+                             "is non-finite; the weights are protected but nothing trains", step,
+                             signature="nonfinite", evidence=why)
+        return self.emit(
+            f"fp16 overflow storm from step {step}: {why}. DeepSpeed skips every such step, so the weights "
+            "and the LR schedule are frozen", step, evidence=why)
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        if self.fired is not None:
+            self.fired.data.update(skipped=self.num_skipped, lowest_scale=self.lowest_scale)
+        elif self.midrun_skips:
+            return self.emit(
+                f"{self.midrun_skips} step(s) skipped after training had started (non-finite gradients); "
+                "the optimizer skipped them and the weights stayed finite", self._streak_since,
+                severity=Severity.INFO, signature=None)
+        elif self.calibration_skips:
+            return self.emit(
+                f"{self.calibration_skips} fp16 overflow skips at start-up while DeepSpeed calibrated the "
+                "loss scale: normal", None, severity=Severity.INFO, signature=None)
+        return []
+
+
+@register
+class LearningRateZero(DetectorBase):
+    """LR001: learning rate 0 log after log. The first log under warmup is 0 by design (transformers
+    >= 4.51 logs the pre-step LR); a schedule that never leaves 0 means the scheduler is not stepping
+    (fp16 skips, or warmup longer than the run)."""
+
+    wants = frozenset({"lr", "lr-before-step", "overflow"})
+    code = "LR001"
+    name = "lr.stuck-at-zero"
+    signature = "lr-zero"
+    severity = Severity.CRITICAL
+    _STREAK = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._zero_streak = 0
+        self._since: int | None = None
+        self._warned_before_step = 0
+        self._steps: set[int] = set()
+        self._overflow_steps: set[int] = set()
+        self._skipped_total: float | None = None
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT and record.event == "lr-before-step":
+            self._warned_before_step += 1
+            return []
+        if record.kind == EVENT and record.event == "overflow" and record.step is not None:
+            self._overflow_steps.add(record.step)
+            return []
+        lr = record.get("lr")
+        if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
+            return []
+        if record.step in self._steps:  # a DeepSpeed `step=` line and an HF dict for the same step
+            return []
+        skipped = record.get("skipped_steps")
+        step_skipped = bool(record.data.get("step_skipped")) or (
+            skipped is not None and self._skipped_total is not None and skipped > self._skipped_total)
+        loss = record.get("loss")
+        # In a log without skip counters, a non-finite grad norm next to a finite loss is a skipped step.
+        step_skipped = step_skipped or (is_nonfinite(record.get("grad_norm")) and loss is not None
+                                        and loss != 0.0 and not is_nonfinite(loss))
+        if skipped is not None:
+            self._skipped_total = skipped
+        if step_skipped or record.step in self._overflow_steps:
+            return []  # a skipped step does not step the scheduler: fp16 calibration is not a stuck LR
+        self._steps.add(record.step)
+        if len(self._steps) > 4096:
+            self._steps.clear()
+        if lr == 0.0:
+            if self._zero_streak == 0:
+                self._since = record.step
+            self._zero_streak += 1
+        else:
+            self._zero_streak = 0
+        if self._zero_streak >= self._STREAK:
+            why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
+                   if self._warned_before_step else "")
+            return self.emit(f"learning rate is 0 in {self._zero_streak} logs in a row from step "
+                             f"{self._since}: the weights are not being updated{why}", self._since)
+        return []

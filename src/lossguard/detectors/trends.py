@@ -1,0 +1,279 @@
+"""Loss trends over many logs: not learning, divergence, spikes that recover, benign memorisation.
+
+Thresholds are relative to the run's own typical initial loss (KNOWLEDGE.md §2 G: loss levels are not
+comparable across versions, GA settings and world sizes), never absolute.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+
+from lossguard.core.detector import register
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import EVAL, TRAIN, Record
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite
+
+_BASELINE_LOGS = 3
+
+
+@dataclass
+class _Trend:
+    num: int = 0
+    baseline_sum: float = 0.0
+    baseline: float | None = None
+    ema: float | None = None
+    minimum: float = math.inf
+    repeat_value: float | None = None
+    repeat_streak: int = 0
+    repeat_since: int | None = None
+    high_streak: int = 0
+    high_since: int | None = None
+    spike_at: int | None = None
+    spike_value: float | None = None
+    spike_age: int = 0
+    first_values: list = field(default_factory=list)
+    last: float | None = None
+
+
+def _train_loss(record: Record) -> float | None:
+    if record.kind != TRAIN:
+        return None
+    loss = record.get("raw_loss")
+    if loss is None:
+        loss = record.get("loss")
+    return None if loss is None or is_nonfinite(loss) else loss
+
+
+class _TrendDetector(DetectorBase):
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_Trend)
+
+    def observe(self, record: Record) -> list[Finding]:
+        loss = _train_loss(record)
+        if loss is None:
+            return []
+        state = self._state[record.rank]
+        state.num += 1
+        if state.num <= _BASELINE_LOGS:
+            state.baseline_sum += loss
+            if state.num == _BASELINE_LOGS:
+                state.baseline = state.baseline_sum / _BASELINE_LOGS
+        found = self.check(record, loss, state)
+        state.ema = loss if state.ema is None else 0.8 * state.ema + 0.2 * loss
+        state.minimum = min(state.minimum, loss)
+        state.last = loss
+        return found
+
+    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+        raise NotImplementedError
+
+
+@dataclass
+class _Flat:
+    num: int = 0
+    first_step: int | None = None
+    head: list = field(default_factory=list)
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=_FLAT_WINDOW))
+    grad_sum: float = 0.0
+    grad_num: int = 0
+
+
+_FLAT_WINDOW = 5
+_FLAT_MIN_LOGS = 16
+_FLAT_REL = 0.01  # the loss moved less than 1% between the first and the last logs
+_FLAT_FROM_START = 100  # only judge logs that start at the beginning of training, not a plateau
+_TINY_GRAD_PER_LOSS = 0.02
+
+
+@register
+class LossNotLearning(_TrendDetector):
+    """LOSS004: the loss does not move: the same value log after log, or (over a whole run logged from
+    its start) less than 1% between the first and the last logs. With a tiny gradient norm next to it
+    (LoRA + reentrant checkpointing leaves only biases outside the blocks with a gradient) it is
+    reported as `no-grad-flow`."""
+
+    wants = frozenset({"loss", "raw_loss"})
+    code = "LOSS004"
+    name = "loss.flat"
+    signature = "not-learning"
+    severity = Severity.ERROR
+    _STREAK = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._flat = PerRank(_Flat)
+
+    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+        flat = self._flat[record.rank]
+        flat.num += 1
+        if flat.first_step is None:
+            flat.first_step = record.step
+        if len(flat.head) < _FLAT_WINDOW:
+            flat.head.append(loss)
+        flat.tail.append(loss)
+        grad = record.get("grad_norm")
+        if grad is not None and not is_nonfinite(grad):
+            flat.grad_sum += grad
+            flat.grad_num += 1
+        if loss == 0.0:
+            state.repeat_streak = 0
+            return []
+        if state.repeat_value is not None and math.isclose(loss, state.repeat_value, rel_tol=1e-4):
+            state.repeat_streak += 1
+        else:
+            state.repeat_value, state.repeat_streak, state.repeat_since = loss, 1, record.step
+        if state.repeat_streak >= self._STREAK:
+            return self.emit(f"loss stays at {loss:g} for {state.repeat_streak} logs from step "
+                             f"{state.repeat_since}: the model is not learning", state.repeat_since,
+                             record.rank, value=loss)
+        return []
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        for rank, flat in self._flat.items():
+            if flat.num < _FLAT_MIN_LOGS or flat.first_step is None or flat.first_step > _FLAT_FROM_START:
+                continue
+            start, end = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
+            if start < 0.05 or abs(end - start) > _FLAT_REL * start:
+                continue
+            grad = flat.grad_sum / flat.grad_num if flat.grad_num else None
+            if grad is not None and grad < _TINY_GRAD_PER_LOSS * start:
+                return self.emit(
+                    f"the loss did not move in {flat.num} logs ({start:.4g} -> {end:.4g}) and the gradient norm "
+                    f"is tiny (mean {grad:.3g}): almost nothing trainable receives a gradient",
+                    flat.first_step, rank, signature="no-grad-flow", severity=Severity.CRITICAL,
+                    start=start, end=end, mean_grad_norm=grad)
+            return self.emit(
+                f"the loss did not move in {flat.num} logs from the start ({start:.4g} -> {end:.4g}, under "
+                f"{_FLAT_REL:.0%}): the weights are not being updated (learning rate, frozen parameters?)",
+                flat.first_step, rank, start=start, end=end)
+        return []
+
+
+@register
+class LossDivergence(_TrendDetector):
+    """LOSS005: the loss climbs far above where it started and stays there."""
+
+    wants = frozenset({"loss", "raw_loss"})
+    code = "LOSS005"
+    name = "loss.divergence"
+    signature = "divergence"
+    severity = Severity.CRITICAL
+    _STREAK = 5
+
+    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+        # The reference is the lowest loss so far among the first logs: a run that blows up at its
+        # second step must not take the blown-up value as its baseline.
+        reference = min(state.minimum, state.baseline) if state.baseline else state.minimum
+        if not math.isfinite(reference) or reference <= 0:
+            return []
+        if loss > max(2.0 * reference, reference + 2.0):
+            if state.high_streak == 0:
+                state.high_since = record.step
+            state.high_streak += 1
+        else:
+            state.high_streak = 0
+        if state.high_streak >= self._STREAK:
+            return self.emit(f"loss rose from about {reference:.3g} to {loss:.3g} and stayed above "
+                             f"twice its start for {state.high_streak} logs from step {state.high_since}",
+                             state.high_since, record.rank, baseline=reference, value=loss)
+        return []
+
+
+@register
+class LossSpike(_TrendDetector):
+    """LOSS006: an isolated loss spike (3x the running average) that comes back down."""
+
+    wants = frozenset({"loss", "raw_loss"})
+    code = "LOSS006"
+    name = "loss.spike"
+    signature = "loss-spike"
+    severity = Severity.WARNING
+    _RECOVER_WITHIN = 5
+
+    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+        if state.spike_at is not None:
+            state.spike_age += 1
+            if state.ema is not None and loss < 1.5 * state.ema:
+                at, value = state.spike_at, state.spike_value
+                state.spike_at = None
+                return self.emit(f"loss spiked to {value:.3g} at step {at} (about {value / state.ema:.1f}x "
+                                 "its running average) and recovered", at, record.rank, value=value)
+            if state.spike_age > self._RECOVER_WITHIN:
+                state.spike_at = None  # did not recover: divergence's business
+            return []
+        if state.num > _BASELINE_LOGS and state.ema and loss > 3.0 * state.ema and loss > state.ema + 0.5:
+            state.spike_at, state.spike_value, state.spike_age = record.step, loss, 0
+            state.ema_at_spike = state.ema
+        return []
+
+    def observe(self, record: Record) -> list[Finding]:
+        loss = _train_loss(record)
+        if loss is None:
+            return []
+        state = self._state[record.rank]
+        if state.spike_at is not None:  # keep the average from before the spike
+            state.num += 1
+            return self.check(record, loss, state)
+        return super().observe(record)
+
+
+@dataclass
+class _Tiny:
+    first: float | None = None
+    tiny_since: int | None = None
+    grads: set = field(default_factory=set)
+    eval_loss: float | None = None
+
+
+@register
+class Memorization(DetectorBase):
+    """LOSS007: the loss decayed smoothly to ~0 (prints as 0.0 under `round(loss, 4)`) with finite,
+    varying gradient norms: memorisation of a small dataset, not a dead run. Informational."""
+
+    wants = frozenset({"loss", "raw_loss", "eval_loss"})
+    code = "LOSS007"
+    name = "loss.memorization"
+    signature = "memorization"
+    severity = Severity.INFO
+    _TINY = 0.01
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_Tiny)
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVAL and record.get("eval_loss") is not None:
+            for _, state in self._state.items():
+                state.eval_loss = record.get("eval_loss")
+            return []
+        loss = _train_loss(record)
+        if loss is None:
+            return []
+        state = self._state[record.rank]
+        if state.first is None:
+            state.first = loss
+        grad = record.get("grad_norm")
+        if loss < self._TINY and state.first > 10 * self._TINY:
+            if state.tiny_since is None:
+                state.tiny_since = record.step
+            if grad is not None and not is_nonfinite(grad) and len(state.grads) < 8:
+                state.grads.add(grad)
+        elif loss >= self._TINY:
+            state.tiny_since, state.grads = None, set()
+        return []
+
+    def finish(self) -> list[Finding]:
+        for rank, state in self._state.items():
+            if state.tiny_since is not None and len(state.grads) >= 2:
+                eval_note = ("" if state.eval_loss is None else
+                             f"; eval_loss is {state.eval_loss:.3g}" + (" (NaN: check for a dead run)"
+                                                                        if is_nonfinite(state.eval_loss) else ""))
+                return self.emit(
+                    f"loss decayed smoothly from {state.first:.3g} to below {self._TINY} from step "
+                    f"{state.tiny_since} with finite, varying grad norms: the model memorised its training "
+                    f"data (not a dead run){eval_note}", state.tiny_since, rank)
+        return []

@@ -1,0 +1,198 @@
+"""Zero from the start: masked labels (loss 0 and grad 0), no gradient flow (grad 0, loss normal), and
+the bare `zero-loss` when nothing tells which. KNOWLEDGE.md §0.3, §1 S4/S6, D1-D4, E1-E2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lossguard.core.detector import register
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import EVENT, TRAIN, Record
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, sentinel_index
+
+_STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
+
+
+@dataclass
+class _Streak:
+    both_zero: int = 0
+    both_zero_since: int | None = None
+    grad_zero: int = 0
+    grad_zero_since: int | None = None
+    loss_zero: int = 0
+    loss_zero_since: int | None = None
+    seen_nonzero_loss: bool = False
+    seen_grad: bool = False
+
+
+@register
+class MaskedLabels(DetectorBase):
+    """LABEL001: no supervised tokens. Live: `num_label_tokens == 0` on a rank. Logs: loss and grad_norm
+    both exactly 0 (transformers >= 4.46 sums the loss over zero tokens), or label-masking warnings
+    (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens)."""
+
+    wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing", "image-token-mismatch"})
+    code = "LABEL001"
+    name = "labels.all-masked"
+    signature = "masked-labels"
+    severity = Severity.CRITICAL
+    _WARNING_EVENTS = ("tokenization-mismatch", "response-key-missing", "image-token-mismatch")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_Streak)
+        self.num_warnings = 0
+        self._first_warning_step: int | None = None
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT:
+            if record.event in self._WARNING_EVENTS:
+                self.num_warnings += 1
+                if self._first_warning_step is None:
+                    self._first_warning_step = record.step
+            return []
+        if record.kind != TRAIN:
+            return []
+        tokens = record.get("num_label_tokens")
+        if tokens is not None and tokens == 0:
+            return self.emit(
+                f"rank {record.rank} had 0 supervised tokens (all labels are -100) at step {record.step}",
+                record.step, record.rank, evidence="num_label_tokens == 0")
+        loss, grad = record.get("loss"), record.get("grad_norm")
+        if loss is None or grad is None:
+            return []
+        state = self._state[record.rank]
+        if loss == 0.0 and grad == 0.0:
+            if state.both_zero == 0:
+                state.both_zero_since = record.step
+            state.both_zero += 1
+        else:
+            state.both_zero = 0
+        if state.both_zero >= _STREAK:
+            why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
+            return self.emit(
+                f"loss and grad_norm are both exactly 0 from step {state.both_zero_since}: no label is "
+                f"supervised, so there is nothing to learn{why}",
+                state.both_zero_since, record.rank, warnings=self.num_warnings)
+        return []
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        if self.fired is None and self.num_warnings:
+            return self.emit(
+                f"{self.num_warnings} label-masking warnings (tokenization mismatch / response key / image "
+                "tokens): those samples train on nothing", self._first_warning_step,
+                severity=Severity.WARNING, warnings=self.num_warnings)
+        if self.fired is not None:
+            self.fired.data["warnings"] = self.num_warnings
+        return []
+
+
+@register
+class NoGradientFlow(DetectorBase):
+    """GRAD002: gradient norm exactly 0 while the loss is finite and non-zero: nothing trainable gets a
+    gradient (LoRA + reentrant checkpointing without input grads, frozen modules, a module created
+    after the optimizer). Live: the first step's `no-grad` and `trainable-not-in-optimizer` events."""
+
+    wants = frozenset({"grad_norm", "overflow", "no-input-grad", "trainable-params", "no-grad", "trainable-not-in-optimizer"})
+    code = "GRAD002"
+    name = "grad.no-flow"
+    signature = "no-grad-flow"
+    severity = Severity.CRITICAL
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_Streak)
+        self._overflow_steps: set[int] = set()
+        self.hints: list[str] = []
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT:
+            return self._event(record)
+        if record.kind != TRAIN:
+            return []
+        loss, grad = record.get("loss"), record.get("grad_norm")
+        if loss is None or grad is None or record.step in self._overflow_steps:
+            return []
+        state = self._state[record.rank]
+        if grad == 0.0 and loss != 0.0 and not is_nonfinite(loss):
+            if state.grad_zero == 0:
+                state.grad_zero_since = record.step
+            state.grad_zero += 1
+        else:
+            state.grad_zero = 0
+        if state.grad_zero >= _STREAK:
+            hint = f" ({'; '.join(self.hints)})" if self.hints else ""
+            return self.emit(
+                f"grad_norm is exactly 0 from step {state.grad_zero_since} while the loss is {loss:g}: "
+                f"no trainable parameter receives a gradient{hint}", state.grad_zero_since, record.rank)
+        return []
+
+    def _event(self, record: Record) -> list[Finding]:
+        if record.event == "overflow" and record.step is not None:
+            self._overflow_steps.add(record.step)
+            return []
+        if record.event == "no-input-grad":
+            self.hints.append("PyTorch warned 'None of the inputs have requires_grad=True'")
+        elif record.event == "trainable-params" and record.data.get("count") == 0:
+            return self.emit("the Trainer reports 0 trainable parameters", record.step,
+                             evidence="Number of trainable parameters = 0")
+        elif record.event == "no-grad":
+            count = record.data.get("count", 0)
+            total = record.data.get("total")
+            names = ", ".join(record.data.get("params", [])[:5])
+            every = total is not None and count >= total
+            return self.emit(
+                f"{count} trainable parameter tensors got no gradient at step {record.step} on rank "
+                f"{record.rank} ({names}{'...' if count > 5 else ''})", record.step, record.rank,
+                severity=Severity.CRITICAL if every else Severity.ERROR, params=record.data.get("params", []))
+        elif record.event == "trainable-not-in-optimizer":
+            count = record.data.get("count", 0)
+            names = ", ".join(record.data.get("params", [])[:5])
+            return self.emit(
+                f"{count} trainable parameter tensors are not in the optimizer and will never be updated "
+                f"({names}{'...' if count > 5 else ''}); was a module created or replaced after the "
+                "optimizer?", record.step, record.rank, severity=Severity.ERROR,
+                params=record.data.get("params", []))
+        return []
+
+
+@register
+class ZeroLoss(DetectorBase):
+    """LOSS003: loss exactly 0 from the first logs and nothing else tells which kind (no grad_norm logged).
+    Reported at the end so the more specific detectors speak first."""
+
+    wants = frozenset({"loss"})
+    code = "LOSS003"
+    name = "loss.exact-zero"
+    signature = "zero-loss"
+    severity = Severity.ERROR
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = PerRank(_Streak)
+
+    def observe(self, record: Record) -> list[Finding]:
+        loss = record.get("loss")
+        if record.kind != TRAIN or loss is None:
+            return []
+        state = self._state[record.rank]
+        grad = record.get("grad_norm")
+        state.seen_grad = state.seen_grad or (grad is not None and grad != 0.0 and sentinel_index(grad) is None)
+        if loss == 0.0:
+            if state.loss_zero == 0:
+                state.loss_zero_since = record.step
+            state.loss_zero += 1
+        else:
+            state.seen_nonzero_loss = True
+            state.loss_zero = 0
+        return []
+
+    def finish(self) -> list[Finding]:
+        for rank, state in self._state.items():
+            if state.loss_zero >= _STREAK and not state.seen_nonzero_loss:
+                return self.emit(
+                    f"loss is exactly 0.0 in every log from step {state.loss_zero_since}: either every label "
+                    "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "
+                    "with logging_nan_inf_filter=False to tell which", state.loss_zero_since, rank)
+        return []

@@ -1,0 +1,1 @@
+"""Diagnosis: findings + run facts -> verdict, signature, onset, ranked root causes."""

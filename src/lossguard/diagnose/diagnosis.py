@@ -1,0 +1,83 @@
+"""From an engine result to the verdict the user reads first: verdict, signature, onset, causes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lossguard.core.engine import EngineResult
+from lossguard.core.findings import Finding, Severity
+from lossguard.diagnose.ranking import Cause, rank_causes
+from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES
+
+
+@dataclass
+class Diagnosis:
+    verdict: str
+    signature: str | None
+    onset_step: int | None
+    causes: list[Cause]
+    findings: list[Finding]
+    result: EngineResult
+    inputs: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        if self.signature is None:
+            return "no failure signature found"
+        return SIGNATURES[self.signature][1]
+
+    def to_dict(self) -> dict[str, Any]:
+        stats = self.result.stats
+        return {
+            "verdict": self.verdict,
+            "signature": self.signature,
+            "onset_step": self.onset_step,
+            "summary": self.summary,
+            "causes": [c.to_dict() for c in self.causes],
+            "findings": [f.to_dict() for f in self.findings],
+            "facts": self.result.facts.known(),
+            "stats": {
+                "train_logs": stats.num_train, "eval_logs": stats.num_eval, "first_step": stats.first_step,
+                "last_step": stats.last_step, "steps_are_ordinal": stats.steps_are_ordinal,
+                "events": dict(stats.events), "ranks": sorted(stats.ranks),
+                "suppressed_findings": self.result.num_suppressed,
+            },
+            "inputs": self.inputs,
+        }
+
+
+def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis:
+    findings = sorted(result.findings, key=lambda f: (f.step is None, f.step or 0, -f.severity))
+    primary = _primary(findings)
+    if primary is None:
+        verdict = "warning" if any(f.severity >= Severity.WARNING for f in findings) else "healthy"
+        return Diagnosis(verdict, None, None, [], findings, result, inputs or [])
+    signature = primary.signature
+    family = {signature, *RELATED.get(signature, ())}
+    onset = min((f.step for f in findings if f.signature in family and f.step is not None), default=None)
+    verdict = SIGNATURES[signature][0]
+    context = _context(result, findings, onset)
+    causes = rank_causes(signature, context, result.facts.origin)
+    return Diagnosis(verdict, signature, onset, causes, findings, result, inputs or [])
+
+
+def _primary(findings: list[Finding]) -> Finding | None:
+    candidates = [f for f in findings if f.signature in SIGNATURES and
+                  (f.severity >= Severity.WARNING or SIGNATURES[f.signature][0] == "healthy")]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda f: (PRECEDENCE.index(f.signature), -f.severity))
+
+
+def _context(result: EngineResult, findings: list[Finding], onset: int | None) -> dict[str, Any]:
+    context: dict[str, Any] = dict(result.facts.known())
+    for name, count in result.stats.events.items():
+        context[f"event:{name}"] = count
+    for finding in findings:
+        context[f"finding:{finding.code}"] = True
+    first = result.stats.first_step
+    context["onset_at_start"] = onset is not None and first is not None and onset <= first + 1
+    if context.get("world_size") is None and len(result.stats.ranks) > 1:
+        context["world_size"] = len(result.stats.ranks)
+    return context

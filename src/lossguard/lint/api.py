@@ -1,0 +1,113 @@
+"""The lint API: `lint(config, training_args, env) -> findings`, `load_config(path)`, and the fix loop.
+
+The CLI is a thin shell over these functions; other commands (`analyze --config`, `probe`) reuse
+`load_config` and `lint`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lossguard.core.findings import Finding
+from lossguard.lint.args import load_args_file, normalize
+from lossguard.lint.context import LintContext
+from lossguard.lint.document import ConfigError, Document, load_config, read_document
+from lossguard.lint.env import installed_versions, versions_from_file
+from lossguard.lint.rules import select_rules
+from lossguard.lint.rules.base import Edit, fix_of
+
+__all__ = ["ConfigError", "FixResult", "fix_document", "lint", "lint_context", "load_config", "read_document"]
+
+
+def _versions(env: dict[str, str] | str | None) -> dict[str, str]:
+    if env is None:
+        return installed_versions()
+    if isinstance(env, str):
+        return versions_from_file(env)
+    return {str(k).lower().replace("_", "-"): str(v) for k, v in env.items()}
+
+
+def _args(training_args: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    if training_args is None:
+        return None
+    if isinstance(training_args, str):
+        return load_args_file(training_args)
+    if "origin" in training_args and "framework" in training_args:
+        return dict(training_args)  # already normalized
+    return normalize(training_args, "training arguments")
+
+
+def lint_context(config: dict[str, Any], training_args: dict[str, Any] | str | None = None,
+                 env: dict[str, str] | str | None = None, *, source: str = "<config>",
+                 options: dict[str, Any] | None = None) -> LintContext:
+    return LintContext(raw=config, args=_args(training_args), versions=_versions(env), source=source,
+                       options=dict(options or {}))
+
+
+def run_rules(ctx: LintContext, select: list[str] | None = None, ignore: list[str] | None = None) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule in select_rules(select, ignore):
+        findings.extend(rule.check(ctx))
+    findings.sort(key=lambda f: (-int(f.severity), f.code, f.location or ""))
+    return findings
+
+
+def lint(config: dict[str, Any] | str, training_args: dict[str, Any] | str | None = None,
+         env: dict[str, str] | str | None = None, *, select: list[str] | None = None,
+         ignore: list[str] | None = None, options: dict[str, Any] | None = None) -> list[Finding]:
+    """Findings for a DeepSpeed config (a dict or a path), training arguments (a dict, a normalized dict
+    from `lossguard.lint.args`, or a JSON/YAML path) and versions (a dict, a `pip freeze` file, or None
+    for the installed packages). `Finding.location` is the dotted config key; `data["fix"]` the fix."""
+    source = "<config>"
+    if isinstance(config, str):
+        source = config
+        config, _ = load_config(config)
+    ctx = lint_context(config, training_args, env, source=source, options=options)
+    return run_rules(ctx, select, ignore)
+
+
+@dataclass
+class FixResult:
+    text: str
+    data: dict[str, Any]
+    applied: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def fixable(finding: Finding, unsafe: bool) -> bool:
+    fix = fix_of(finding)
+    return bool(fix and fix.edits and (fix.safe or unsafe))
+
+
+def fix_document(doc: Document, ctx_kwargs: dict[str, Any], *, unsafe: bool = False,
+                 select: list[str] | None = None, ignore: list[str] | None = None, max_rounds: int = 5) -> FixResult:
+    """Apply fixes until none applies (a fix can enable another, e.g. overlap off → no bucket finding)."""
+    from lossguard.lint.fix import apply_to_dict, apply_to_text
+
+    result = FixResult(text=doc.text, data=doc.data)
+    current = doc
+    for _ in range(max_rounds):
+        ctx = lint_context(current.data, source=doc.source, **ctx_kwargs)
+        todo = [f for f in run_rules(ctx, select, ignore) if fixable(f, unsafe)]
+        edits: list[Edit] = []
+        for finding in todo:
+            candidate = edits + list(fix_of(finding).edits)
+            if apply_to_dict(current.data, candidate) != apply_to_dict(current.data, edits):
+                edits = candidate
+                result.applied.append(finding)
+        if not edits:
+            break
+        text, warnings = apply_to_text(current, edits)
+        result.warnings.extend(warnings)
+        current = _reparse(text, current)
+    result.text, result.data = current.text, current.data
+    return result
+
+
+def _reparse(text: str, doc: Document) -> Document:
+    from lossguard.lint.document import parse_text
+
+    new = parse_text(text, doc.source, doc.fmt)
+    new.warnings = []
+    return new

@@ -1,0 +1,162 @@
+"""What a lint rule sees: the config as written, the config with "auto" resolved, the training
+arguments, the package versions, and effective values (DeepSpeed defaults applied, types tolerated).
+
+Rules never read files and never raise on odd input: every getter returns None for a missing key or a
+value of the wrong type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lossguard.core.facts import dtype_name
+from lossguard.core.versions import in_range, parse
+from lossguard.lint.resolve import Resolution, resolve
+
+Path = tuple[str, ...]
+_MISSING = object()
+# Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
+LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes"})
+
+
+def split(path: str | Path) -> Path:
+    return tuple(path.split(".")) if isinstance(path, str) else path
+
+
+def get_in(config: Any, path: str | Path, default: Any = None) -> Any:
+    node = config
+    for key in split(path):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+def as_number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass
+class LintContext:
+    raw: dict[str, Any]
+    args: dict[str, Any] | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    source: str = "<config>"
+    options: dict[str, Any] = field(default_factory=dict)
+    resolution: Resolution = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.raw, dict):
+            self.raw = {}
+        self.resolution = resolve(self.raw, self.args if self.hf_args else None)
+
+    @property
+    def hf_args(self) -> bool:
+        """Training arguments are known (not just launch facts such as --world-size)."""
+        return bool(self.args) and bool(set(self.args) - LAUNCH_KEYS)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.resolution.config
+
+    # --- raw and resolved values -------------------------------------------------------------
+    def get(self, path: str | Path, default: Any = None) -> Any:
+        return get_in(self.config, path, default)
+
+    def written(self, path: str | Path, default: Any = None) -> Any:
+        return get_in(self.raw, path, default)
+
+    def has(self, path: str | Path) -> bool:
+        return get_in(self.raw, path, _MISSING) is not _MISSING
+
+    def section(self, name: str) -> dict[str, Any]:
+        value = self.config.get(name)
+        return value if isinstance(value, dict) else {}
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        return self.args.get(key, default) if self.args else default
+
+    # --- versions ----------------------------------------------------------------------------
+    def version(self, dist: str) -> str | None:
+        return self.versions.get(dist)
+
+    def in_range(self, dist: str, low: str | None = None, high: str | None = None) -> bool | None:
+        return in_range(self.versions.get(dist), low, high)
+
+    def version_known(self, dist: str) -> bool:
+        return parse(self.versions.get(dist)) is not None
+
+    # --- effective values (DeepSpeed defaults applied) ------------------------------------------
+    @property
+    def zero_stage(self) -> int | None:
+        zero = self.section("zero_optimization")
+        if not zero and "zero_optimization" not in self.config:
+            return 0
+        stage = as_number(zero.get("stage", 0))
+        return int(stage) if stage is not None and stage in (0, 1, 2, 3) else None
+
+    @property
+    def overlap_comm(self) -> bool | None:
+        """DeepSpeed default: True for ZeRO-3, False for ZeRO-1/2 (zero/config.py overlap_comm_valid)."""
+        value = self.section("zero_optimization").get("overlap_comm")
+        if value is None:
+            return self.zero_stage == 3 if self.zero_stage is not None else None
+        return as_bool(value)
+
+    def precision_enabled(self, kind: str) -> bool | None:
+        """fp16/bf16 on? The config's `enabled`; "auto" or absent defer to the training arguments
+        (HF fills "auto", accelerate adds the section from --bf16/--fp16); None when unknown."""
+        section = self.config.get(kind)
+        if kind == "bf16" and section is None:
+            section = self.config.get("bfloat16")
+        value = section.get("enabled") if isinstance(section, dict) else None
+        if value is not None and value != "auto":
+            return as_bool(value)
+        if self.hf_args and kind in self.args:
+            return bool(self.args[kind])
+        if value == "auto":
+            return None
+        return False if not self.hf_args else bool(self.args.get(kind, False))
+
+    @property
+    def bf16(self) -> bool | None:
+        return self.precision_enabled("bf16")
+
+    @property
+    def fp16(self) -> bool | None:
+        return self.precision_enabled("fp16")
+
+    @property
+    def comm_dtype(self) -> str | None:
+        return dtype_name(self.config.get("communication_data_type"))
+
+    @property
+    def world_size(self) -> int | None:
+        world = self.arg("world_size")
+        return world if isinstance(world, int) and world > 0 else None
+
+    @property
+    def multi_rank(self) -> bool:
+        """True unless the world size is known to be 1: the ZeRO races need more than one rank."""
+        return self.world_size != 1
+
+    def bf16_section_path(self) -> Path:
+        return ("bfloat16",) if "bfloat16" in self.raw and "bf16" not in self.raw else ("bf16",)

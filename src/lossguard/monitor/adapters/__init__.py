@@ -1,0 +1,1 @@
+"""Thin translators from a framework's hooks to `Monitor` calls."""

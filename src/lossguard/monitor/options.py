@@ -1,0 +1,100 @@
+"""The guard's options: one typed, keyword-only, validated-once object shared by every entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lossguard.core.findings import Finding, Severity
+
+# DESIGN.md signature ids; `halt_on` may name one of them.
+SIGNATURES = (
+    "nonfinite", "nonfinite-hidden", "zero-loss", "masked-labels", "fp16-overflow", "no-grad-flow",
+    "lr-zero", "not-learning", "divergence", "loss-spike", "memorization", "rank-desync",
+)
+# A verdict named in `halt_on` means "a finding at least this severe".
+VERDICTS = {"warning": Severity.WARNING, "broken": Severity.ERROR}
+
+
+class OptionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardOptions:
+    events_dir: str | Path | None = None
+    # None: never halt. A severity ("error"), a verdict ("broken"), a signature ("nonfinite"), a
+    # detector code ("LOSS001"), or a list of these.
+    halt_on: str | list[str] | tuple[str, ...] | None = None
+    fingerprint_every: int = 50  # weight fingerprint + update ratio every N optimizer steps (0: never)
+    console: bool = True  # print findings on rank 0
+    console_min_severity: str = "warning"
+    webhook_url: str | None = None  # Slack-compatible POST {"text": ...} from rank 0, off-thread
+    webhook_min_severity: str = "error"
+    raise_errors: bool = False  # re-raise lossguard's own errors into the training loop
+    # group name -> parameter-name substrings, for the per-group update ratio. None: automatic
+    # (LoRA parameters, then the model's top-level modules).
+    module_groups: dict[str, list[str]] | None = None
+    update_sample_size: int = 4096  # elements of each parameter sampled for the update ratio
+    detectors: list[Any] | None = field(default=None, compare=False)  # None: every registered detector
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.fingerprint_every, int) or self.fingerprint_every < 0:
+            problems.append(f"fingerprint_every must be an int >= 0, got {self.fingerprint_every!r}")
+        for name in ("console_min_severity", "webhook_min_severity"):
+            try:
+                Severity.parse(getattr(self, name))
+            except (ValueError, AttributeError):
+                problems.append(f"{name} must be info, warning, error or critical, got {getattr(self, name)!r}")
+        try:
+            halt_rules(self.halt_on)
+        except OptionError as exc:
+            problems.append(str(exc))
+        if self.webhook_url is not None and not str(self.webhook_url).startswith(("http://", "https://")):
+            problems.append(f"webhook_url must be an http(s) URL, got {self.webhook_url!r}")
+        if problems:
+            raise OptionError("lossguard: bad option(s): " + "; ".join(problems))
+
+
+def halt_rules(halt_on: Any) -> list[tuple[str, Any]]:
+    """`halt_on` as ("severity", Severity) / ("signature", id) / ("code", code) rules."""
+    if halt_on is None:
+        return []
+    items = [halt_on] if isinstance(halt_on, str) else list(halt_on)
+    rules: list[tuple[str, Any]] = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise OptionError(f"halt_on entries must be non-empty strings, got {item!r}")
+        text = item.strip()
+        low = text.lower()
+        if low in VERDICTS:
+            rules.append(("severity", VERDICTS[low]))
+        elif low in ("info", "error", "critical"):
+            rules.append(("severity", Severity.parse(low)))
+        elif low in SIGNATURES:
+            rules.append(("signature", low))
+        elif text[:1].isalpha() and text.upper() == text:
+            rules.append(("code", text))
+        else:
+            raise OptionError(
+                f"halt_on={item!r} is not a severity (info/warning/error/critical), a verdict (broken), "
+                f"a signature ({', '.join(SIGNATURES)}) or a detector code"
+            )
+    return rules
+
+
+def should_halt(rules: list[tuple[str, Any]], findings: list[Finding]) -> list[Finding]:
+    """The findings that trigger a halt under `rules`."""
+    hits = []
+    for finding in findings:
+        for kind, value in rules:
+            if (
+                (kind == "severity" and finding.severity >= value)
+                or (kind == "signature" and finding.signature == value)
+                or (kind == "code" and finding.code == value)
+            ):
+                hits.append(finding)
+                break
+    return hits

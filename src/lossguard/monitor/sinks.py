@@ -1,0 +1,117 @@
+"""Where live records and findings go: the console (rank 0), a JSONL file per rank, a webhook."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from lossguard.core.findings import Finding, Severity
+from lossguard.core.records import Record
+
+FORMAT = "lossguard-events"
+FORMAT_VERSION = 1
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value
+    return str(value)
+
+
+def record_line(record: Record) -> dict[str, Any]:
+    line: dict[str, Any] = {"type": "record", "kind": record.kind, "step": record.step, "rank": record.rank}
+    if record.event is not None:
+        line["event"] = record.event
+    if record.signals:
+        line["signals"] = record.signals
+    if record.data:
+        line["data"] = record.data
+    return _clean(line)
+
+
+def finding_line(finding: Finding) -> dict[str, Any]:
+    return _clean({"type": "finding", **finding.to_dict()})
+
+
+def format_finding(finding: Finding) -> str:
+    where = f"step {finding.step}" if finding.step is not None else "run"
+    rank = f" rank {finding.rank}" if finding.rank is not None else ""
+    sig = f" [{finding.signature}]" if finding.signature else ""
+    return f"lossguard: {where}{rank}: {str(finding.severity).upper()} {finding.code}{sig} {finding.message}"
+
+
+class JsonlSink:
+    """`events-rank{r}.jsonl`, append-only; one `write()` per line on an unbuffered file, so a reader
+    (or a crash) never sees a torn line."""
+
+    def __init__(self, directory: str | Path, rank: int, header: dict[str, Any]) -> None:
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path / f"events-rank{rank}.jsonl"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.write({"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "rank": rank,
+                    "time": time.time(), **header})
+
+    def write(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(_clean(obj), separators=(",", ":")) + "\n").encode()
+        os.write(self._fd, data)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class Webhook:
+    """Slack-compatible JSON POST `{"text": ...}` from a daemon thread; training never waits on it."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.errors = 0
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="lossguard-webhook", daemon=True)
+        self._thread.start()
+
+    def send(self, text: str) -> None:
+        self._queue.put(text)
+
+    def _run(self) -> None:
+        while True:
+            text = self._queue.get()
+            if text is None:
+                return
+            try:
+                body = json.dumps({"text": text}).encode()
+                request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    response.read()
+            except Exception as exc:  # a dead webhook must not disturb training
+                self.errors += 1
+                if self.errors == 1:
+                    print(f"lossguard: webhook {self.url} failed: {exc}", file=sys.stderr, flush=True)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=wait_s)
+
+
+def at_least(finding: Finding, severity: str) -> bool:
+    return finding.severity >= Severity.parse(severity)

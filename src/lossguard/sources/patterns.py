@@ -1,0 +1,72 @@
+"""Tell-tale log strings (KNOWLEDGE.md §4), compiled once. Bytes patterns: the text source scans bytes.
+
+Each entry maps a regex to the event name it becomes. The numeric formats (HF dicts, DeepSpeed
+`step=` lines, Megatron, mmengine) are parsed in `text_log.py`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Warnings and messages that become tagged events. Group 1.. feed the event's data (see text_log).
+EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
+    ("overflow", re.compile(
+        rb"\[deep(?:speed|scale)\] OVERFLOW! (?:Rank (\d+) )?Skipping step\.?"
+        rb"(?: Attempted loss scale: (\d+(?:\.\d+)?), reducing to (\d+(?:\.\d+)?))?")),
+    ("overflow", re.compile(
+        rb"(?:Overflow detected\. Skipping step\. Attempted loss scale: (\d+(?:\.\d+)?)|"
+        rb"Grad overflow on iteration|fp16 dynamic loss scale overflow! Skipping step)")),
+    ("scale-at-minimum", re.compile(
+        rb"Current loss scale already at minimum|Attempted loss scale: 1, reducing to 1\b")),
+    ("tokenization-mismatch", re.compile(rb"tokenization mismatch: (\d+) vs\. (\d+)")),
+    ("lr-before-step", re.compile(
+        rb"tried to get lr value before scheduler/optimizer started stepping|"
+        rb"Attempting to get learning rate from scheduler before it has started")),
+    ("no-input-grad", re.compile(rb"None of the inputs have requires_grad=True")),
+    ("reentrant-checkpoint", re.compile(rb"the use_reentrant parameter should be passed explicitly")),
+    ("response-key-missing", re.compile(rb"Could not find response (?:key|template)")),
+    ("trainable-params", re.compile(rb"Number of trainable parameters = ([\d,]+)")),
+    ("image-token-mismatch", re.compile(rb"must match the size of tensor b.*vit_embeds\.shape")),
+    ("nonfinite-detected", re.compile(rb"Detected inf/nan during batch_number=(\d+)")),
+    ("cudnn-sdpa", re.compile(rb"cuDNN SDPA backward got grad_output\.strides\(\) != output\.strides\(\)")),
+]
+
+# A literal every match of the pattern contains: `needle in line` is far cheaper than a regex search,
+# so a line meets only the patterns it could match.
+EVENT_NEEDLES: list[tuple[bytes, str, re.Pattern[bytes]]] = [
+    (needle, name, pattern) for needle, (name, pattern) in zip(
+        (b"OVERFLOW", b"verflow", b"loss scale", b"tokenization mismatch", b"lr", b"requires_grad",
+         b"use_reentrant", b"Could not find response", b"trainable parameters", b"tensor b", b"inf/nan",
+         b"cuDNN SDPA"), EVENT_PATTERNS)
+]
+
+# Fast pre-filter: a line is parsed only if it contains one of these fixed strings. Everything the
+# parsers and EVENT_PATTERNS need must have its anchor here. Fixed strings (not regexes) so that
+# `grep -F` can do the scan when it is available (see text_log.iter_file_lines).
+ANCHOR_STRINGS: tuple[str, ...] = (
+    "{'", '{"', "OVERFLOW", "Overflow", "overflow", "loss scale", "skipped=", "mismatch", "requires_grad",
+    "lr value", "learning rate", "response key", "response template", "trainable parameters",
+    "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
+    "Epoch(", "Iter(", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
+    "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..", "step ", "iter ",
+)
+ANCHORS = re.compile(b"|".join(re.escape(a.encode()) for a in ANCHOR_STRINGS))
+
+HF_PAIR = re.compile(rb"""['"]([^'"]+)['"]\s*:\s*('[^']*'|"[^"]*"|[^,}]+)""")
+TQDM_COUNTER = re.compile(rb"(\d+)/(\d+) \[")
+DS_STEP = re.compile(rb"\bstep=(\d+), skipped=(\d+), lr=\[([^\]]*)\]")
+DS_VERSION = re.compile(rb"DeepSpeed info: version=([0-9][\w.+-]*)")
+DS_ZERO_OPT = re.compile(rb"Creating (torch\.\w+) ZeRO stage (\d) optimizer")
+DS_DUMP_LINE = re.compile(rb"^\s*(\w+) \.{2,} (.*?)\s*$")
+DS_WORLD = re.compile(rb"dist_world_size=(\d+)")
+DS_WORLD_INFO = re.compile(rb"WORLD INFO DICT: (\{.*\})")
+KV_ASSIGN = re.compile(rb"(\w+)=([^\s,]+)")
+MEGATRON = re.compile(rb"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9 _()/-]*?)\s*:\s*([-+0-9.eEnaNinfINF]+)")
+MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\])?\s*\[\s*(\d+)\s*/\s*(\d+)\]")
+MMENGINE_FIELD = re.compile(rb"\b([a-z][\w./]*): (-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
+HOST_PREFIX = re.compile(rb"^\s*(?:\[[^\]]*\]\s*)?[\w.-]+:\s*(?=\{)")
+# A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
+# nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.
+PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)\s*[:,|]?\s+(?=[A-Za-z_])")
+PLAIN_FIELD = re.compile(rb"([A-Za-z_][\w/]*)\s*[:=]?\s*(-?\d[\d.]*(?:[eE][+-]?\d+)?|nan|-?inf)(?![\w.])")

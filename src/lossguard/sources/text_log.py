@@ -1,0 +1,419 @@
+"""Plain-text training logs: HF Trainer stdout, DeepSpeed lines, Megatron, mmengine, warnings.
+
+Mixed formats in one file are fine: every line is classified on its own. The file is read in large
+binary chunks and only lines that contain an anchor (`patterns.ANCHORS`) are decoded and parsed, so
+a log of millions of tqdm / INFO lines is scanned at close to regex speed with flat memory.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from lossguard.core.facts import dtype_name
+from lossguard.core.records import EVAL, EVENT, TRAIN, Record
+from lossguard.core.signals import canonical, to_float
+from lossguard.sources import patterns as P
+
+CHUNK_BYTES = 8 << 20
+_DEDUPE_WINDOW = 256
+_SIGNAL_KEYS = (b"loss", b"grad_norm", b"learning_rate", b"eval_", b"train_runtime", b"lr")
+
+
+class TextLogParser:
+    """Stateful line parser: remembers the last step seen and recent log dicts (per-node duplicates)."""
+
+    def __init__(self, source: str = "") -> None:
+        self.source = source
+        self.last_step: int | None = None
+        self.num_logs = 0
+        self._interval = 1  # steps between the last two logged steps, to place logs without a counter
+        self._recent_keys: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._megatron_skipped = 0.0
+
+    # -- entry point ---------------------------------------------------------------------------------
+    def parse_line(self, line: bytes, line_no: int | None = None) -> list[Record]:
+        out: list[Record] = []
+        if b"{" in line and (b"{'" in line or b'{"' in line):
+            record = self._hf_dict(line, line_no)
+            if record is not None:
+                out.append(record)
+                return out
+        for needle, name, pattern in P.EVENT_NEEDLES:
+            if needle in line and (match := pattern.search(line)):
+                out.append(self._event(name, match, line_no))
+                return out
+        for needle, parse in self._PARSERS:
+            if needle in line:
+                records = parse(self, line, line_no)
+                if records:
+                    return records
+        return out
+
+    # -- HF Trainer dicts ----------------------------------------------------------------------------
+    def _hf_dict(self, line: bytes, line_no: int | None) -> Record | None:
+        start = max(line.rfind(b"{'"), line.rfind(b'{"'))
+        end = line.find(b"}", start)
+        if start < 0 or end < 0:
+            return None
+        text = line[start : end + 1]
+        if not any(key in text for key in _SIGNAL_KEYS):
+            return None
+        pairs = P.HF_PAIR.findall(text)
+        if not pairs:
+            return None
+        # Multi-node runs print each log once per node (`log_on_each_node`): drop exact repeats.
+        if text in self._recent_keys:
+            return None
+        self._recent_keys[text] = None
+        if len(self._recent_keys) > _DEDUPE_WINDOW:
+            self._recent_keys.popitem(last=False)
+
+        signals: dict[str, float] = {}
+        step: int | None = None
+        is_eval = is_summary = False
+        for raw_key, raw_value in pairs:
+            key = raw_key.decode("utf-8", "replace")
+            value = _hf_value(raw_value)
+            if key == "train_runtime":
+                is_summary = True
+            if key.startswith("eval_"):
+                is_eval = True
+            if key in ("step", "global_step") and value is not None:
+                step = int(value)
+            elif key == "global_step/max_steps":
+                step = _first_int(raw_value)
+            name = canonical(key)
+            if name is not None and value is not None:
+                signals[name] = value
+        if is_summary:
+            return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
+                          source=self.source, line_no=line_no)
+        ordinal = False
+        if step is None:
+            counters = P.TQDM_COUNTER.findall(line, 0, start)
+            if is_eval and self.last_step is not None:
+                step = self.last_step
+            elif counters:
+                # tqdm redraws at most every 0.1 s, so on fast steps the bar printed with a log lags
+                # behind the real step; two train logs are never at the same step.
+                step = int(counters[-1][0])
+                if self.last_step is not None and step <= self.last_step:
+                    step = self.last_step + 1
+            elif is_eval and self.last_step is not None:
+                step = self.last_step
+            elif self.last_step is not None:
+                step, ordinal = self.last_step + self._interval, True
+            else:
+                step, ordinal = 1, True
+        if not is_eval:
+            self.num_logs += 1
+            if self.last_step is not None and step > self.last_step:
+                self._interval = step - self.last_step
+            self.last_step = step
+        return Record(step=step, signals=signals, kind=EVAL if is_eval else TRAIN, source=self.source,
+                      line_no=line_no, step_is_ordinal=ordinal)
+
+    # -- events ----------------------------------------------------------------------------------------
+    def _event(self, name: str, match, line_no: int | None) -> Record:
+        data: dict = {}
+        groups = [g.decode() if g else None for g in match.groups()]
+        if name == "overflow":
+            if len(groups) == 3:
+                data = {"rank": _int(groups[0]), "attempted_scale": to_float(groups[1]),
+                        "new_scale": to_float(groups[2])}
+            else:
+                data = {"attempted_scale": to_float(groups[0])}
+        elif name == "tokenization-mismatch":
+            data = {"got": _int(groups[0]), "expected": _int(groups[1])}
+        elif name == "trainable-params":
+            data = {"count": _int(groups[0].replace(",", ""))}
+        elif name == "nonfinite-detected":
+            data = {"batch": _int(groups[0])}
+        # An event belongs to the step being taken: one past the last logged step.
+        step = None if self.last_step is None else self.last_step + 1
+        return Record(step=step, kind=EVENT, event=name, data=data, source=self.source, line_no=line_no)
+
+    # -- DeepSpeed engine progress ---------------------------------------------------------------------
+    def _ds_step(self, line: bytes, line_no: int | None) -> list[Record]:
+        match = P.DS_STEP.search(line)
+        if not match:
+            return []
+        step = int(match.group(1))
+        signals = {"skipped_steps": float(match.group(2))}
+        lrs = [to_float(x) for x in match.group(3).decode().split(",") if x.strip()]
+        if lrs and lrs[0] is not None:
+            signals["lr"] = lrs[0]
+        return [Record(step=step, signals=signals, source=self.source, line_no=line_no)]
+
+    # -- Megatron-LM ------------------------------------------------------------------------------------
+    def _megatron(self, line: bytes, line_no: int | None) -> list[Record]:
+        match = P.MEGATRON.search(line)
+        if not match:
+            return []
+        step = int(match.group(1))
+        signals: dict[str, float] = {}
+        for raw_key, raw_value in P.MEGATRON_FIELD.findall(line):
+            key, value = raw_key.decode().strip(), to_float(raw_value.decode())
+            if value is None:
+                continue
+            if key == "number of skipped iterations":
+                # Megatron counts skips per logging interval; the catalog's signal is cumulative.
+                self._megatron_skipped += value
+                signals["skipped_steps"] = self._megatron_skipped
+            elif (name := canonical(key)) is not None:
+                signals[name] = value
+        self.last_step = step
+        return [Record(step=step, signals=signals, source=self.source, line_no=line_no)]
+
+    # -- mmengine / MMDetection-style ------------------------------------------------------------------
+    def _mmengine(self, line: bytes, line_no: int | None) -> list[Record]:
+        match = P.MMENGINE.search(line)
+        if not match:
+            return []
+        _, mode, epoch, index, total = match.groups()
+        step = int(index) if epoch is None else (int(epoch) - 1) * int(total) + int(index)
+        signals: dict[str, float] = {}
+        for raw_key, raw_value in P.MMENGINE_FIELD.findall(line, match.end()):
+            name = canonical(raw_key.decode())
+            value = to_float(raw_value.decode())
+            if name is not None and value is not None:
+                signals["eval_loss" if mode == b"val" and name == "loss" else name] = value
+        kind = EVAL if mode == b"val" else TRAIN
+        if kind == TRAIN:
+            self.last_step = step
+        return [Record(step=step, signals=signals, kind=kind, source=self.source, line_no=line_no)]
+
+    # -- a user script's own `step N loss X ...` lines --------------------------------------------------
+    def _plain(self, line: bytes, line_no: int | None) -> list[Record]:
+        match = P.PLAIN_STEP.search(line)
+        if not match:
+            return []
+        signals: dict[str, float] = {}
+        for raw_key, raw_value in P.PLAIN_FIELD.findall(line, match.end()):
+            name = canonical(raw_key.decode())
+            value = to_float(raw_value.decode())
+            if name is not None and value is not None:
+                signals[name] = value
+        if not signals:
+            return []
+        rank = _int(match.group(1).decode()) if match.group(1) else None
+        step = int(match.group(2))
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        return [Record(step=step, rank=rank, signals=signals, source=self.source, line_no=line_no)]
+
+    # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
+    def _facts(self, line: bytes, line_no: int | None) -> list[Record]:
+        facts = _facts_from_line(line)
+        if not facts:
+            return []
+        return [Record(step=None, kind=EVENT, event="facts", data=facts, source=self.source, line_no=line_no)]
+
+
+# (a literal the line must contain, parser): cheap dispatch for the numeric line formats.
+TextLogParser._PARSERS = (
+    (b"skipped=", TextLogParser._ds_step),
+    (b"iteration ", TextLogParser._megatron),
+    (b"(train)", TextLogParser._mmengine),
+    (b"(val)", TextLogParser._mmengine),
+    (b"step ", TextLogParser._plain),
+    (b"iter ", TextLogParser._plain),
+    (b" ", TextLogParser._facts),
+)
+
+
+def _facts_from_line(line: bytes) -> dict:
+    if match := P.DS_VERSION.search(line):
+        return {"deepspeed_version": match.group(1).decode()}
+    if match := P.DS_ZERO_OPT.search(line):
+        dtype = dtype_name(match.group(1).decode())
+        facts = {"zero_stage": int(match.group(2))}
+        if dtype:
+            facts["bf16"] = dtype == "bf16"
+        return facts
+    if match := P.DS_WORLD.search(line):
+        return {"world_size": int(match.group(1))}
+    if match := P.DS_WORLD_INFO.search(line):
+        try:
+            hosts = ast.literal_eval(match.group(1).decode())
+            return {"num_nodes": len(hosts), "world_size": sum(len(v) for v in hosts.values())}
+        except (ValueError, SyntaxError, AttributeError, TypeError):
+            return {}
+    match = P.DS_DUMP_LINE.search(line[line.find(b"]", line.rfind(b"[")) + 1 :] if b"]" in line else line)
+    if not match:
+        return {}
+    key, value = match.group(1).decode(), match.group(2).decode()
+    return _facts_from_dump(key, value)
+
+
+def _facts_from_dump(key: str, value: str) -> dict:
+    kv = {k.decode(): v.decode() for k, v in P.KV_ASSIGN.findall(value.encode())}
+    if key == "zero_config":
+        out = {}
+        if (stage := _int(kv.get("stage"))) is not None:
+            out["zero_stage"] = stage
+        for name in ("overlap_comm", "contiguous_gradients", "use_multi_rank_bucket_allreduce"):
+            if kv.get(name) in ("True", "False"):
+                out[name] = kv[name] == "True"
+        if (size := _int(kv.get("reduce_bucket_size"))) is not None:
+            out["reduce_bucket_size"] = size
+        return out
+    if key == "zero_optimization_stage" and _int(value) is not None:
+        return {"zero_stage": _int(value)}
+    if key in ("bfloat16_enabled", "bf16_enabled") and value in ("True", "False"):
+        return {"bf16": value == "True"}
+    if key in ("bfloat16_config", "bf16_config"):
+        out = {}
+        if kv.get("enabled") in ("True", "False"):
+            out["bf16"] = kv["enabled"] == "True"
+        if kv.get("check_grad_overflow") in ("True", "False"):
+            out["check_grad_overflow"] = kv["check_grad_overflow"] == "True"
+        return out
+    if key in ("fp16_enabled",) and value in ("True", "False"):
+        return {"fp16": value == "True"}
+    if key in ("float16_config", "fp16_config") and kv.get("enabled") in ("True", "False"):
+        return {"fp16": kv["enabled"] == "True"}
+    if key == "communication_data_type":
+        return {"communication_data_type": dtype_name(value)} if dtype_name(value) else {}
+    if key == "world_size" and _int(value) is not None:
+        return {"world_size": _int(value)}
+    if key == "gradient_accumulation_steps" and _int(value) is not None:
+        return {"gradient_accumulation_steps": _int(value)}
+    return {}
+
+
+def _hf_value(raw: bytes) -> float | None:
+    text = raw.strip().strip(b"'\"")
+    if text.startswith(b"tensor("):  # transformers 4.38-4.40 logged grad_norm as a tensor repr
+        text = text[7:]
+    return to_float(text.decode("ascii", "replace"))
+
+
+def _first_int(raw: bytes) -> int | None:
+    digits = raw.strip(b"'\" ").split(b"/")[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+# -- file / stream scanning ---------------------------------------------------------------------------
+def iter_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) for anchor-bearing lines only, reading big chunks; memory stays flat."""
+    line_no = 0
+    tail = b""
+    anchors = P.ANCHORS
+    while True:
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        buf = tail + chunk
+        cut = buf.rfind(b"\n") + 1
+        if cut == 0:
+            # No newline in the whole buffer (a huge line): keep a bounded tail, never the whole file.
+            tail = buf[-(1 << 20):]
+            continue
+        body, tail = buf[:cut], buf[cut:]
+        pos = 0
+        counted_to = 0
+        while True:
+            match = anchors.search(body, pos)
+            if match is None:
+                break
+            start = body.rfind(b"\n", 0, match.start()) + 1
+            end = body.find(b"\n", match.end())
+            line_no_here = line_no + body.count(b"\n", counted_to, start) + 1
+            line_no, counted_to = line_no_here - 1, start
+            yield line_no_here, body[start:end]
+            pos = end + 1
+        line_no += body.count(b"\n", counted_to)
+    if tail:
+        match = anchors.search(tail)
+        if match:
+            yield line_no + 1, tail
+
+
+def iter_grep_lines(stream_or_path: BinaryIO | Path) -> Iterator[tuple[int, bytes]] | None:
+    """Like `iter_lines`, with `grep -F` doing the scan: it finds the few anchor-bearing lines of a big
+    log many times faster than Python's regex alternation. None when grep is not available."""
+    grep = shutil.which("grep")
+    if grep is None or os.environ.get("LOSSGUARD_NO_GREP"):
+        return None
+    args = [grep, "-F", "-a", "-n", "--no-messages"]
+    for anchor in P.ANCHOR_STRINGS:
+        args += ["-e", anchor]
+    if isinstance(stream_or_path, Path):
+        args += ["--", str(stream_or_path)]
+        stdin = subprocess.DEVNULL
+    else:
+        stdin = stream_or_path
+    try:
+        proc = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "LC_ALL": "C"})
+    except OSError:
+        return None
+    return _read_grep(proc)
+
+
+def _read_grep(proc: subprocess.Popen) -> Iterator[tuple[int, bytes]]:
+    try:
+        for raw in proc.stdout:
+            number, _, line = raw.partition(b":")
+            yield int(number), line.rstrip(b"\n")
+    finally:
+        proc.stdout.close()
+        proc.kill()
+        proc.wait()
+
+
+def parse_stream(stream: BinaryIO, source: str) -> Iterator[Record]:
+    parser = TextLogParser(source)
+    lines = iter_grep_lines(stream) if _is_real_file(stream) else None
+    for line_no, line in lines if lines is not None else iter_lines(stream):
+        yield from parser.parse_line(line, line_no)
+
+
+def parse_file(path: Path) -> Iterator[Record]:
+    lines = iter_grep_lines(path)
+    if lines is None:
+        with open(path, "rb") as stream:
+            yield from parse_stream(stream, path.name)
+        return
+    parser = TextLogParser(path.name)
+    for line_no, line in lines:
+        yield from parser.parse_line(line, line_no)
+
+
+def _is_real_file(stream: BinaryIO) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False  # an in-memory stream: scan it in Python
+    return True
+
+
+def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
+    """For callers that already have lines (watch, probe): same parser, no chunking."""
+    parser = TextLogParser(source)
+    for line_no, line in enumerate(lines, 1):
+        yield from parser.parse_line(line, line_no)
+
+
+class TextLogSource:
+    name = "text"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return b"\x00" not in head[:4096]
+
+    def parse(self, path: Path) -> Iterator[Record]:
+        yield from parse_file(path)

@@ -1,0 +1,82 @@
+"""The live side of `watch`: whole output lines in, a live diagnosis and a halt decision out.
+
+The same parser (`TextLogParser`), anchor pre-filter (`patterns.ANCHORS`, via `iter_lines`) and detectors
+(`Engine`) as `analyze`, so `lossguard analyze watch.log` afterwards reaches the same diagnosis. Per line
+the cost is one regex scan over the chunk; only anchor-bearing lines are parsed, and only a new finding
+triggers a (cheap) diagnosis of the engine's snapshot.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from lossguard.core.engine import Engine
+from lossguard.core.facts import RunFacts
+from lossguard.core.findings import Severity
+from lossguard.diagnose.diagnosis import Diagnosis, diagnose
+from lossguard.sources.text_log import TextLogParser, iter_lines
+from lossguard.watch.lines import MAX_LINE_BYTES
+
+# How bad a verdict is, for `--halt-on`.
+VERDICT_RANK = {"healthy": 0, "warning": 1, "broken": 2}
+
+
+@dataclass(slots=True)
+class Alert:
+    """A new live diagnosis worth a banner: the verdict got worse or a new signature appeared."""
+
+    diagnosis: Diagnosis
+    line_no: int  # the output line that revealed it (line number in the watch log)
+    step: int | None  # the last training step seen when it was revealed
+    halt: bool  # the verdict is at or above --halt-on
+
+
+class LiveAnalyzer:
+    def __init__(self, *, halt_on: str | None = None, source: str = "watch", facts: RunFacts | None = None,
+                 cap_bytes: int = MAX_LINE_BYTES) -> None:
+        if halt_on is not None and halt_on not in VERDICT_RANK:
+            raise ValueError(f"halt_on={halt_on!r}; use one of: broken, warning")
+        self.halt_on = halt_on
+        self.source = source
+        self.cap_bytes = cap_bytes
+        self.engine = Engine(facts=facts)
+        self.parser = TextLogParser(source)
+        self.num_lines = 0  # lines seen so far, over both streams: line numbers in the watch log
+        self._announced: set[tuple[str, str | None]] = set()
+        self._worst = 0
+
+    def feed(self, body: bytes, *, complete: bool = True) -> list[Alert]:
+        """Whole lines (`body` ends with a newline unless `complete` is False: the last, unterminated one)."""
+        alerts: list[Alert] = []
+        base = self.num_lines
+        for line_no, line in iter_lines(io.BytesIO(body)):
+            if len(line) > self.cap_bytes:
+                line = line[-self.cap_bytes:]
+            for record in self.parser.parse_line(line, base + line_no):
+                new = self.engine.feed(record)
+                if new and any(f.severity >= Severity.WARNING for f in new):
+                    alert = self._assess(base + line_no)
+                    if alert is not None:
+                        alerts.append(alert)
+        self.num_lines = base + body.count(b"\n") + (0 if complete or body.endswith(b"\n") else 1)
+        return alerts
+
+    def finish(self, inputs: list[str]) -> Diagnosis:
+        return diagnose(self.engine.finish(), inputs=inputs)
+
+    def snapshot(self) -> Diagnosis:
+        return diagnose(self.engine.snapshot(), inputs=[self.source])
+
+    def _assess(self, line_no: int) -> Alert | None:
+        diagnosis = self.snapshot()
+        key = (diagnosis.verdict, diagnosis.signature)
+        rank = VERDICT_RANK[diagnosis.verdict]
+        if rank == 0 or key in self._announced:
+            return None
+        if rank < self._worst and diagnosis.signature is None:
+            return None
+        self._announced.add(key)
+        self._worst = max(self._worst, rank)
+        halt = self.halt_on is not None and rank >= VERDICT_RANK[self.halt_on]
+        return Alert(diagnosis, line_no, self.parser.last_step, halt)

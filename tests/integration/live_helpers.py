@@ -1,0 +1,32 @@
+"""Runs a two-rank live job under torchrun and reads back what rank 0 summarised."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+JOBS = Path(__file__).parent / "live_jobs"
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def run_job(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) -> dict[str, dict]:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    env.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(JOBS / script), str(out), *scenarios],
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    log = proc.stdout + proc.stderr
+    (out / f"{script}.log").write_text(log)
+    assert proc.returncode == 0, f"every rank must exit cleanly; rc={proc.returncode}\n{log[-4000:]}"
+    return {name: json.loads((out / name / "summary.json").read_text()) for name in scenarios}, log
+
+
+def above_info(summary: dict) -> list[tuple]:
+    return [(f["code"], f["step"], f["signature"]) for f in summary["findings"] if f["severity"] != "info"]
+
+
+def signatures_at(summary: dict, step: int) -> set[str]:
+    return {f["signature"] for f in summary["findings"] if f["step"] in (step, step + 1) and f["signature"]}

@@ -1,0 +1,108 @@
+"""Two-rank raw DeepSpeed engine jobs with one fault (or none), guarded by `lossguard.attach`.
+
+    torchrun --nproc_per_node 2 ds_job.py OUT_DIR SCENARIO [SCENARIO ...]
+
+Scenario names: STAGE-FAULT, e.g. z2-nan-bf16. On a halt every rank saves a checkpoint under
+OUT_DIR/SCENARIO/ckpt and leaves the loop through LossguardHalt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny  # noqa: E402
+
+FAULT_STEP = 4
+NUM_STEPS = 8
+
+
+def run(out_dir: str, name: str) -> None:
+    import deepspeed
+
+    import lossguard
+
+    stage = int(name[1])
+    fault = name[3:]
+    rank = tiny.rank()
+    kw: dict = {}
+    ga = 2 if fault == "healthy-ga" else 1
+    if fault == "nan-bf16":
+        kw.update(bf16=True, check_grad_overflow=False)
+    if fault in ("fp16-storm", "healthy-fp16"):
+        kw.update(fp16=True, initial_scale_power=32 if fault == "healthy-fp16" else 16)
+    model = tiny.tiny_gpt2()
+    if fault in ("lora-reentrant", "healthy-lora"):
+        from peft import LoraConfig, get_peft_model
+
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model.config.use_cache = False
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
+                                                 modules_to_save=["ln_f"], lora_dropout=0.0))
+        if fault == "lora-reentrant":
+            model.get_input_embeddings()._forward_hooks.clear()  # nothing makes the inputs require grad
+    config = tiny.ds_config(stage, ga=ga, **kw)
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    if fault == "late-module":  # a module added after the optimizer was built
+        inner = engine.module
+        inner.late = torch.nn.Linear(32, 32).to(next(inner.parameters()).dtype)
+        inner.transformer.ln_f.register_forward_hook(lambda m, a, out: out + inner.late(out))
+    if fault == "fp16-storm":
+        def blow_up(module, args, output):
+            if engine.global_steps + 1 >= FAULT_STEP:
+                return (output[0] * 1e6, *output[1:]) if isinstance(output, tuple) else output * 1e6
+            return None
+
+        engine.module.transformer.h[0].register_forward_hook(blow_up)
+
+    work = os.path.join(out_dir, name)
+    ckpt = os.path.join(work, "ckpt")
+    guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="warning",
+                             fingerprint_every=1, halt_checkpoint_dir=ckpt, detectors=None)
+    data = tiny.Tokens()
+    micro = config["train_micro_batch_size_per_gpu"]
+    halted = None
+    cursor = rank * micro
+    try:
+        for step in range(1, NUM_STEPS + 1):
+            for _ in range(ga):
+                batch = data.ids[cursor % len(data): cursor % len(data) + micro]
+                cursor += micro * 2
+                labels = batch.clone()
+                if fault == "masked-one-rank" and rank == 1 and step >= FAULT_STEP:
+                    labels[:] = -100
+                out = engine(input_ids=batch, labels=labels)
+                loss = out.loss
+                if fault == "nan-bf16" and rank == 1 and step == FAULT_STEP:
+                    loss = loss * float("inf")
+                engine.backward(loss)
+                engine.step()
+            if fault == "desync" and rank == 1 and step == FAULT_STEP:
+                with torch.no_grad():
+                    next(engine.module.parameters()).add_(1e-2)  # this rank's replica drifts
+                # caught at the next step's fingerprint
+    except lossguard.LossguardHalt as halt:
+        halted = halt.step
+    guard.detach()
+    if rank == 0:
+        findings = [f.to_dict() for f in guard.monitor._emitted]
+        with open(os.path.join(work, "summary.json"), "w") as fh:
+            json.dump({"scenario": name, "halted_at": halted, "global_step": engine.global_steps,
+                       "disabled": guard.monitor.disabled, "checkpoint": ckpt if halted else None,
+                       "findings": findings}, fh, default=str)
+    engine.destroy() if hasattr(engine, "destroy") else None
+
+
+if __name__ == "__main__":
+    for scenario in sys.argv[2:]:
+        run(sys.argv[1], scenario)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,81 @@
+"""A tiny causal LM and data for the live-guard jobs (self-contained; no hub, no network)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.utils.data import Dataset
+
+VOCAB, SEQ = 96, 32
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def tiny_gpt2(seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=hidden, n_layer=layers, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+class Tokens(Dataset):
+    """Deterministic sequences with a learnable pattern (next token = previous + 1 mod VOCAB)."""
+
+    def __init__(self, n: int = 256, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        starts = torch.randint(0, VOCAB, (n, 1), generator=g)
+        self.ids = (starts + torch.arange(SEQ)) % VOCAB
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = self.ids[i]
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def ds_config(stage: int, *, bf16: bool = False, fp16: bool = False, ga: int = 1, micro: int = 4,
+              world: int = 2, check_grad_overflow: bool | None = None, optimizer: bool = True,
+              lr: float = 1e-3, initial_scale_power: int = 16) -> dict:
+    config: dict = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": ga,
+        "train_batch_size": micro * ga * world,
+        "zero_optimization": {"stage": stage},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if optimizer:
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0}}
+        config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": lr,
+                                                              "warmup_num_steps": 2, "warmup_type": "linear"}}
+    if bf16:
+        config["bf16"] = {"enabled": True}
+        if check_grad_overflow is not None:
+            config["bf16"]["check_grad_overflow"] = check_grad_overflow
+    if fp16:
+        config["fp16"] = {"enabled": True, "initial_scale_power": initial_scale_power, "loss_scale_window": 100,
+                          "hysteresis": 2, "min_loss_scale": 1}
+    return config
+
+
+def hf_ds_config(stage: int, **kw) -> dict:
+    """The same config with the Trainer's "auto" placeholders."""
+    config = ds_config(stage, **kw)
+    config["train_micro_batch_size_per_gpu"] = "auto"
+    config["gradient_accumulation_steps"] = "auto"
+    config["train_batch_size"] = "auto"
+    config["gradient_clipping"] = "auto"
+    config.pop("optimizer", None)
+    config.pop("scheduler", None)
+    if "bf16" in config:
+        config["bf16"]["enabled"] = "auto"
+    if "fp16" in config:
+        config["fp16"]["enabled"] = "auto"
+    return config

@@ -1,0 +1,54 @@
+"""Real two-rank raw DeepSpeed engines (CPU, gloo) guarded by `lossguard.attach`, one fault each."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.live_helpers import above_info, run_job, signatures_at
+
+pytestmark = pytest.mark.integration
+
+FAULT_STEP = 4
+FAULTS = {
+    "z2-nan-bf16": ("nonfinite", FAULT_STEP),
+    "z3-masked-one-rank": ("masked-labels", FAULT_STEP),
+    "z1-fp16-storm": ("fp16-overflow", FAULT_STEP),
+    "z2-lora-reentrant": ("no-grad-flow", 1),
+    "z1-late-module": ("no-grad-flow", 1),
+    "z0-desync": ("rank-desync", FAULT_STEP),  # nudged after step 4's update: seen at step 5
+}
+HEALTHY = ["z1-healthy", "z2-healthy-ga", "z3-healthy", "z2-healthy-lora", "z2-healthy-fp16"]
+
+
+@pytest.fixture(scope="module")
+def ds_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds")
+    names = [h.values[0] if hasattr(h, "values") else h for h in HEALTHY]
+    summaries, log = run_job("ds_job.py", out, [*FAULTS, *names])
+    return out, summaries
+
+
+@pytest.mark.parametrize("scenario", list(FAULTS))
+def test_fault_caught_and_halted_with_checkpoint(ds_runs, scenario):
+    out, summaries = ds_runs
+    signature, step = FAULTS[scenario]
+    summary = summaries[scenario]
+    assert signature in signatures_at(summary, step), summary["findings"]
+    assert summary["halted_at"] in (step, step + 1)
+    tag = f"lossguard-halt-step{summary['halted_at']}"
+    if scenario.startswith("z0"):  # no ZeRO shards: the module state is saved whole
+        import torch
+
+        state = torch.load(out / scenario / "ckpt" / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(out / scenario / "ckpt"), tag=tag)
+    assert state  # a loadable checkpoint
+
+
+@pytest.mark.parametrize("scenario", HEALTHY)
+def test_healthy_runs_report_nothing_above_info(ds_runs, scenario):
+    summary = ds_runs[1][scenario]
+    assert above_info(summary) == []
+    assert summary["halted_at"] is None and summary["global_step"] == 8

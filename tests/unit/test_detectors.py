@@ -1,0 +1,135 @@
+import math
+
+from lossguard.core.engine import Engine
+from lossguard.core.records import EVAL, Record, event
+from lossguard.detectors._base import sentinel_index
+from lossguard.diagnose.diagnosis import diagnose
+
+
+def run(records):
+    engine = Engine()
+    engine.feed_all(records)
+    return diagnose(engine.finish())
+
+
+def logs(*rows, start=1):
+    """rows of (loss, grad_norm, lr) -> HF-style train records at steps start, start+1, ..."""
+    out = []
+    for i, (loss, grad, lr) in enumerate(rows):
+        signals = {"loss": loss, "lr": lr}
+        if grad is not None:
+            signals["grad_norm"] = grad
+        out.append(Record(step=start + i, signals=signals))
+    return out
+
+
+def test_sentinels_in_float64_float32_and_printed_forms():
+    assert sentinel_index(1.4142135623730951) == 2
+    assert sentinel_index(1.4142135381698608) == 2
+    assert sentinel_index(1.414) == 2  # transformers 5 prints 4 significant digits
+    assert sentinel_index(1.7320508075688772) == 3
+    assert sentinel_index(1.0) == 1
+    assert sentinel_index(1.4142) == 2
+    assert sentinel_index(1.4152) is None
+    assert sentinel_index(0.9681) is None and sentinel_index(math.nan) is None
+
+
+def test_nan_filter_zero_after_normal_loss_with_sentinel_is_nonfinite_hidden():
+    d = run(logs((2.3, 1.8, 1e-5), (2.1, 1.6, 1e-5), (4.0, 1.4142135623730951, 1e-5),
+                 (0.0, 1.4142135623730951, 1e-5), (0.0, 1.4142135623730951, 1e-5)))
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "nonfinite-hidden", 3)
+
+
+def test_zeros_alone_confirm_the_filter_after_three_logs():
+    d = run(logs((2.3, None, 1e-5), (2.2, None, 1e-5), (0.0, None, 1e-5), (0.0, None, 1e-5), (0.0, None, 1e-5)))
+    assert (d.signature, d.onset_step) == ("nonfinite-hidden", 3)
+    d = run(logs((2.3, None, 1e-5), (2.2, None, 1e-5), (0.0, None, 1e-5), (0.0, None, 1e-5)))
+    assert d.verdict == "healthy"  # two zeros are not enough without corroboration
+
+
+def test_eval_nan_confirms_hidden_nan():
+    records = logs((2.3, None, 1e-5), (2.2, None, 1e-5), (0.0, None, 1e-5))
+    records.append(Record(step=3, kind=EVAL, signals={"eval_loss": math.nan}))
+    d = run(records)
+    assert (d.signature, d.onset_step) == ("nonfinite-hidden", 3)
+
+
+def test_nan_shown_in_log_is_nonfinite():
+    d = run(logs((2.3, 1.0, 1e-5), (math.nan, math.nan, 1e-5)))
+    assert (d.signature, d.onset_step) == ("nonfinite", 2)
+
+
+def test_masked_labels_loss_and_grad_zero_from_the_start():
+    d = run(logs((0.0, 0.0, 0.0), (0.0, 0.0, 1e-4), (0.0, 0.0, 2e-4)))
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "masked-labels", 1)
+
+
+def test_masked_labels_live_one_rank_without_tokens():
+    records = [Record(step=5, rank=0, signals={"raw_loss": 2.0, "num_label_tokens": 120.0}),
+               Record(step=5, rank=1, signals={"raw_loss": 0.0, "num_label_tokens": 0.0})]
+    d = run(records)
+    assert (d.signature, d.onset_step) == ("masked-labels", 5)
+    assert d.findings[0].rank == 1
+
+
+def test_no_grad_flow_with_normal_loss():
+    d = run(logs((2.08, 0.0, 2e-4), (2.079, 0.0, 2e-4), (2.083, 0.0, 2e-4)))
+    assert (d.signature, d.onset_step) == ("no-grad-flow", 1)
+
+
+def test_fp16_startup_calibration_is_benign():
+    records = [event("overflow", step=i, attempted_scale=2.0 ** (32 - i), new_scale=2.0 ** (31 - i))
+               for i in range(1, 12)]
+    records += logs(*[(3.0 - 0.05 * i, 1.0 + 0.01 * i, 1e-4) for i in range(20)], start=12)
+    d = run(records)
+    assert d.verdict == "healthy"
+    assert any(f.code == "SCALE001" and str(f.severity) == "info" for f in d.findings)
+
+
+def test_fp16_storm_after_training_started():
+    records = logs((3.0, 1.2, 1e-4), (2.9, 1.1, 1e-4))
+    for step in range(3, 9):
+        records.append(event("overflow", step=step, attempted_scale=2.0 ** (20 - step), new_scale=2.0 ** (19 - step)))
+        records.append(Record(step=step, signals={"loss": 0.0, "grad_norm": math.inf, "lr": 1e-4}))
+    d = run(records)
+    assert (d.signature, d.onset_step) == ("fp16-overflow", 3)
+
+
+def test_lr_zero_beyond_the_first_log():
+    d = run(logs((2.0, 1.3, 0.0), (2.0, 1.2, 0.0), (2.0, 1.25, 0.0), (2.0, 1.3, 0.0)))
+    assert (d.signature, d.onset_step) == ("lr-zero", 1)
+    assert run(logs((2.0, 1.3, 0.0), (1.9, 1.2, 1e-4), (1.8, 1.1, 1e-4))).verdict == "healthy"
+
+
+def test_flat_loss_is_not_learning():
+    d = run(logs(*[(2.9, 1.3 + 0.01 * i, 1e-4) for i in range(10)]))
+    assert (d.signature, d.onset_step) == ("not-learning", 1)
+
+
+def test_divergence_and_spike():
+    rising = [(2.0, 1.2, 1e-3)] * 3 + [(2.0 + 3 * i, 10.0, 1e-3) for i in range(1, 8)]
+    assert run(logs(*rising)).signature == "divergence"
+    spike = [(2.0 - 0.01 * i, 1.2, 1e-4) for i in range(10)] + [(9.0, 30.0, 1e-4)] + \
+            [(1.9 - 0.01 * i, 1.2, 1e-4) for i in range(5)]
+    d = run(logs(*spike))
+    assert (d.verdict, d.signature, d.onset_step) == ("warning", "loss-spike", 11)
+
+
+def test_memorization_is_healthy_and_named():
+    rows = [(3.0 * 0.6 ** i, 0.5 * 0.8 ** i + 0.01 * (i % 3), 1e-4) for i in range(30)]
+    d = run(logs(*rows))
+    assert d.verdict == "healthy" and d.signature == "memorization"
+
+
+def test_rank_desync_from_fingerprints():
+    records = [Record(step=10, rank=0, signals={"param_fingerprint": 123.456}),
+               Record(step=10, rank=1, signals={"param_fingerprint": 123.456}),
+               Record(step=20, rank=0, signals={"param_fingerprint": 130.0}),
+               Record(step=20, rank=1, signals={"param_fingerprint": 131.5})]
+    d = run(records)
+    assert (d.signature, d.onset_step) == ("rank-desync", 20)
+
+
+def test_zero_loss_when_nothing_else_tells():
+    d = run(logs((0.0, None, 1e-4), (0.0, None, 1e-4), (0.0, None, 1e-4)))
+    assert d.signature == "zero-loss"

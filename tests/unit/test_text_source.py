@@ -1,0 +1,131 @@
+import io
+
+from lossguard.core.records import EVAL, EVENT, TRAIN
+from lossguard.sources.text_log import iter_lines, parse_lines, parse_stream
+
+
+def parse(text: str):
+    return list(parse_stream(io.BytesIO(text.encode()), "t.log"))
+
+
+def test_hf5_quoted_strings_inside_tqdm_line_take_the_tqdm_step():
+    line = " 10%|#  | 10/100 [00:01<00:09,  9.5it/s]{'loss': '4.714', 'grad_norm': '0.9681', " \
+           "'learning_rate': '0.0008', 'epoch': '0.1562'}\n"
+    (record,) = parse(line)
+    assert record.kind == TRAIN and record.step == 10 and not record.step_is_ordinal
+    assert record.signals == {"loss": 4.714, "grad_norm": 0.9681, "lr": 0.0008, "epoch": 0.1562}
+
+
+def test_carriage_return_progress_segments_before_the_dict():
+    line = "  1/4 [00:00<?]\r  2/4 [00:01<00:01]\r  3/4 [00:02<00:00]{'loss': '0', 'grad_norm': '0'}\n"
+    (record,) = parse(line)
+    assert record.step == 3 and record.signals["loss"] == 0.0
+
+
+def test_hf4_numeric_nan_and_tensor_repr():
+    (a, b) = parse("{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.02}\n"
+                   "{'loss': 1.5, 'grad_norm': tensor(1.4142, device='cuda:0'), 'learning_rate': 1e-05}\n")
+    assert a.signals["grad_norm"] != a.signals["grad_norm"]  # nan
+    assert b.signals["grad_norm"] == 1.4142
+    assert a.step_is_ordinal and (a.step, b.step) == (1, 2)
+
+
+def test_multinode_duplicates_are_dropped_and_host_prefix_ignored():
+    text = ("10.0.0.4: {'loss': 1.9, 'epoch': 0.1}\n10.0.0.5: {'loss': 1.9, 'epoch': 0.1}\n"
+            "10.0.0.4: {'loss': 1.7, 'epoch': 0.2}\n10.0.0.5: {'loss': 1.7, 'epoch': 0.2}\n")
+    records = parse(text)
+    assert [r.signals["loss"] for r in records] == [1.9, 1.7]
+
+
+def test_eval_and_summary_dicts():
+    records = parse("{'loss': 2.0, 'epoch': 1.0}\n{'eval_loss': nan, 'eval_runtime': 1.0, 'epoch': 1.0}\n"
+                    "{'train_runtime': 10.0, 'train_loss': 1.2, 'epoch': 1.0}\n")
+    assert [r.kind for r in records] == [TRAIN, EVAL, EVENT]
+    assert records[1].step == records[0].step
+    assert records[2].event == "train-summary"
+
+
+def test_deepspeed_overflow_old_and_new_prefix_and_minimum():
+    records = parse(
+        "[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768\n"
+        "[INFO] [deepspeed] OVERFLOW! Rank 1 Skipping step.\n"
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n")
+    assert [r.event for r in records] == ["overflow", "overflow", "scale-at-minimum"]
+    assert records[0].data == {"rank": 0, "attempted_scale": 65536.0, "new_scale": 32768.0}
+    assert records[1].data["attempted_scale"] is None
+
+
+def test_deepspeed_step_line_and_config_dump_facts():
+    records = parse(
+        "[Rank 0] DeepSpeed info: version=0.12.6, git-hash=unknown, git-branch=unknown\n"
+        "[INFO] [config.py:988:print]   zero_config .................. stage=2 overlap_comm=True "
+        "reduce_bucket_size=200000000 use_multi_rank_bucket_allreduce=True\n"
+        "[INFO] [config.py:988:print]   communication_data_type ...... torch.float32\n"
+        "[INFO] [config.py:988:print]   bfloat16_config .............. enabled=True check_grad_overflow=False\n"
+        "[INFO] [logging.py:107:log_dist] [Rank 0] step=20, skipped=3, lr=[1e-05, 1e-05], mom=[(0.9, 0.95)]\n")
+    facts = {}
+    for record in records[:-1]:
+        facts.update(record.data)
+    assert facts == {"deepspeed_version": "0.12.6", "zero_stage": 2, "overlap_comm": True,
+                     "reduce_bucket_size": 200000000, "use_multi_rank_bucket_allreduce": True,
+                     "communication_data_type": "fp32", "bf16": True, "check_grad_overflow": False}
+    assert records[-1].step == 20 and records[-1].signals == {"skipped_steps": 3.0, "lr": 1e-05}
+
+
+def test_warnings_become_events():
+    text = ("WARNING: tokenization mismatch: 654 vs. 643. #turn = 25. (ignored)\n"
+            "UserWarning: None of the inputs have requires_grad=True. Gradients will be None\n"
+            "tried to get lr value before scheduler/optimizer started stepping, returning lr=0\n"
+            "Could not find response key `### Response:` in the following instance: ...\n"
+            "***** Number of trainable parameters = 0\n")
+    events = [(r.event, r.data) for r in parse(text)]
+    assert events == [("tokenization-mismatch", {"got": 654, "expected": 643}), ("no-input-grad", {}),
+                      ("lr-before-step", {}), ("response-key-missing", {}), ("trainable-params", {"count": 0})]
+
+
+def test_megatron_and_mmengine_lines():
+    megatron = (" iteration      100/    1000 | learning rate: 1.000E-04 | lm loss: 2.345E+00 | "
+                "loss scale: 65536.0 | grad norm: 1.234 | number of skipped iterations:   2 |\n")
+    (m,) = parse(megatron)
+    assert m.step == 100 and m.signals == {"lr": 1e-4, "loss": 2.345, "loss_scale": 65536.0,
+                                           "grad_norm": 1.234, "skipped_steps": 2.0}
+    (mm,) = parse("mmengine - INFO - Epoch(train)  [2][ 10/500]  lr: 1.0000e-04  grad_norm: 1.23  loss: 2.3456\n")
+    assert mm.step == 510 and mm.signals == {"lr": 1e-4, "grad_norm": 1.23, "loss": 2.3456}
+
+
+def test_unrelated_dicts_and_junk_are_ignored():
+    assert parse("{'localhost': [0, 1]}\n\x00\x01binary junk\n{'loss': \n") == []
+
+
+def test_chunk_boundaries_do_not_lose_or_split_lines(monkeypatch):
+    import lossguard.sources.text_log as text_log
+
+    monkeypatch.setattr(text_log, "CHUNK_BYTES", 7)
+    body = "".join(f"noise line {i}\n{{'loss': {i + 1}.5, 'epoch': {i}}}\n" for i in range(50))
+    lines = list(iter_lines(io.BytesIO(body.encode())))
+    assert [n for n, _ in lines] == list(range(2, 101, 2))
+    assert [r.signals["loss"] for r in parse_lines(line for _, line in lines)] == [i + 1.5 for i in range(50)]
+
+
+def test_last_line_without_newline_is_read():
+    (record,) = parse("{'loss': 1.0, 'epoch': 0.1}")
+    assert record.signals["loss"] == 1.0
+
+
+def test_plain_script_lines_with_rank_prefix_and_nanogpt_iters():
+    records = parse("[rank1]: step 3 loss 4.12806 grad_norm None param_sum 160.657959\n"
+                    "step 6 loss 3.21 grad_norm 1.70\n"
+                    "iter 100: loss 2.3456, time 12.3ms, mfu 4.10%\n"
+                    "Skipping step 5 because of something\n")
+    assert [(r.rank, r.step, r.signals) for r in records] == [
+        (1, 3, {"loss": 4.12806, "param_fingerprint": 160.657959}),
+        (None, 6, {"loss": 3.21, "grad_norm": 1.70}),
+        (None, 100, {"loss": 2.3456}),
+    ]
+
+
+def test_tqdm_counter_that_lags_behind_the_log_is_corrected():
+    text = ("  1/20 [00:00<00:02]\r{'loss': '4.19', 'epoch': '0.125'}\n"
+            "  1/20 [00:00<00:02]\r{'loss': '4.18', 'epoch': '0.25'}\n"
+            "  2/20 [00:00<00:02]\r  3/20 [00:00<00:01]\r{'loss': '4.13', 'epoch': '0.375'}\n")
+    assert [r.step for r in parse(text)] == [1, 2, 3]
