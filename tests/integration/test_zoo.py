@@ -144,7 +144,7 @@ def check_label_leakage(run: RunResult) -> None:
     assert run.returncode == 0
     assert _mean(e["loss"] for e in logs[-5:]) < 0.1
     assert all(math.isfinite(e["grad_norm"]) for e in logs)
-    assert eval_loss(run.out_dir) < 0.5  # the leak works on unseen data too: not memorisation
+    assert eval_loss(run.out_dir) < 2.0  # the leak helps on unseen data too (twin: ~5): not memorisation
 
 
 def check_no_collapse(run: RunResult) -> None:
@@ -244,14 +244,39 @@ def test_slow_scenarios_reproduce(name, tmp_path_factory):
     CHECKS[name](_run(name, tmp_path_factory))
 
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:
+            continue  # the process ended while we looked
+    return found
+
+
+def test_timeout_kills_the_whole_job(tmp_path):
+    """A run past its limit is stopped as a process group: torchrun and both ranks, nothing left behind."""
+    out = tmp_path / "timeout-run"
+    result = run_scenario("healthy-zero2", out, timeout_s=4)
+    assert result.timed_out and result.returncode != 0
+    assert result.wall_s < 30
+    assert result.stdout_path.exists()
+    assert _processes_mentioning(str(out)) == []
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+# real/: what lossguard's analyze tests hold it to; real_hard/: real runs it does not read right yet (a healthy
+# projector-only VLM run that looks like no gradient flow, label leakage whose loss is small but not ~0).
+FIXTURE_SETS = ("real", "real_hard")
 
 
 def _fixture_dirs() -> list[Path]:
-    return sorted(p for p in FIXTURES.iterdir() if p.is_dir()) if FIXTURES.exists() else []
+    return sorted(p for name in FIXTURE_SETS if (FIXTURES / name).exists()
+                  for p in (FIXTURES / name).iterdir() if p.is_dir())
 
 
-@pytest.mark.parametrize("fixture", _fixture_dirs(), ids=lambda p: p.name)
+@pytest.mark.parametrize("fixture", _fixture_dirs(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_fixture_still_shows_its_symptom(fixture: Path):
     """The stored outputs are complete, small, and show what the registry says (no rerun: fast)."""
     meta = json.loads((fixture / "meta.json").read_text())

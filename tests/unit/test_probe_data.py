@@ -65,3 +65,17 @@ def test_tokenizer_round_trips_special_tokens():
     ids = tokenizer.encode(text, add_bos=False)
     assert tokenizer.decode(ids) == text
     assert len(ids) == 1 + 7 + 1 + 1 + 2 + 1
+
+
+def test_registry_launcher_and_data_do_not_import_torch():
+    """`lossguard` lists and launches the zoo without the training stack; only the job itself needs torch."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    code = ("import sys, lossguard.probe.scenarios, lossguard.probe.launch, lossguard.probe.data; "
+            "sys.exit(2 if 'torch' in sys.modules else 0)")
+    env = {**os.environ, "PYTHONPATH": src}
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
