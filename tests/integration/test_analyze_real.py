@@ -34,7 +34,9 @@ def test_real_run_verdict_signature_onset(run, name):
         return
     assert d.signature == signature, [f.message for f in d.findings]
     if signature == "memorization":
-        assert d.verdict == "healthy"  # never call a memorising run broken
+        assert d.verdict in ("healthy", "warning")  # never call a memorising run broken
+        if run.name == "label-leakage":
+            assert (d.verdict, d.causes[0].id) == ("warning", "label-leakage")
     else:
         assert d.verdict == "broken"
         assert d.onset_step == onset

@@ -231,8 +231,9 @@ class _Tiny:
 
 @register
 class Memorization(DetectorBase):
-    """LOSS007: the loss decayed smoothly to ~0 (prints as 0.0 under `round(loss, 4)`) with finite,
-    varying gradient norms: memorisation of a small dataset, not a dead run. Informational."""
+    """LOSS007: the loss decayed smoothly to ~0 (under 2% of where it started; prints as 0.0 under
+    `round(loss, 4)`) with finite, varying gradient norms: not a dead run. Informational. The eval loss
+    tells the two kinds apart: high for memorisation (overfitting), low too for label leakage."""
 
     wants = frozenset({"loss", "raw_loss", "eval_loss"})
     code = "LOSS007"
@@ -240,6 +241,7 @@ class Memorization(DetectorBase):
     signature = "memorization"
     severity = Severity.INFO
     _TINY = 0.01
+    _TINY_RELATIVE = 0.02
 
     def __init__(self) -> None:
         super().__init__()
@@ -257,12 +259,14 @@ class Memorization(DetectorBase):
         if state.first is None:
             state.first = loss
         grad = record.get("grad_norm")
-        if loss < self._TINY and state.first > 10 * self._TINY:
+        # "Tiny" is relative to where the run started (2%), never above an absolute 0.01 floor.
+        tiny = max(self._TINY, self._TINY_RELATIVE * state.first)
+        if loss < tiny and state.first > 10 * self._TINY:
             if state.tiny_since is None:
                 state.tiny_since = record.step
             if grad is not None and not is_nonfinite(grad) and len(state.grads) < 8:
                 state.grads.add(grad)
-        elif loss >= self._TINY:
+        elif loss >= tiny:
             state.tiny_since, state.grads = None, set()
         return []
 
@@ -272,8 +276,11 @@ class Memorization(DetectorBase):
                 eval_note = ("" if state.eval_loss is None else
                              f"; eval_loss is {state.eval_loss:.3g}" + (" (NaN: check for a dead run)"
                                                                         if is_nonfinite(state.eval_loss) else ""))
+                data = {}
+                if state.eval_loss is not None and not is_nonfinite(state.eval_loss):
+                    data["eval_ratio"] = state.eval_loss / state.first  # low: leakage; high: overfitting
                 return self.emit(
-                    f"loss decayed smoothly from {state.first:.3g} to below {self._TINY} from step "
-                    f"{state.tiny_since} with finite, varying grad norms: the model memorised its training "
-                    f"data (not a dead run){eval_note}", state.tiny_since, rank)
+                    f"loss decayed smoothly from {state.first:.3g} to under 2% of it from step "
+                    f"{state.tiny_since} with finite, varying grad norms: the model fits its training data "
+                    f"almost perfectly (not a dead run){eval_note}", state.tiny_since, rank, **data)
         return []

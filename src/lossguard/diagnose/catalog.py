@@ -3,8 +3,9 @@
 Each cause names the signatures it explains with a prior, conditions that raise or lower it, the
 evidence links, the fix and the experiment that confirms it. A condition is
 `(key, op, value, factor, reason)`: `key` is a RunFacts field, `event:NAME` (count of that log
-event), `finding:CODE` (a detector fired) or `onset_at_start`; `op` is one of
-`==`, `in`, `>=`, `version_in` ([low, high) on a version string). The factor multiplies the score
+event), `finding:CODE` (a detector fired), `CODE.key` (a number that finding carries, e.g.
+`LOSS007.eval_ratio`) or `onset_at_start`; `op` is one of
+`==`, `in`, `>=`, `<=`, `version_in` ([low, high) on a version string). The factor multiplies the score
 when the condition holds on a known value; unknown facts change nothing.
 """
 
@@ -264,7 +265,11 @@ CAUSES: list[dict] = [
         "title": "label leakage through the attention mask (defeated causal mask, packing): loss collapses (KNOWLEDGE F)",
         "signatures": {"memorization": 0.25},
         "conditions": [("transformers_version", "version_in", ["4.42.1", "4.42.4"], 4.0,
-                        "transformers {value}: Gemma-2 4-D mask bug (#31673)")],
+                        "transformers {value}: Gemma-2 4-D mask bug (#31673)"),
+                       ("LOSS007.eval_ratio", "<=", 0.5, 12.0,
+                        "eval_loss fell too ({value:.2f} of the initial loss): held-out data is predicted as "
+                        "well as training data, so the answers are visible"),
+                       ("LOSS007.eval_ratio", ">=", 1.0, 0.2, "")],
         "evidence": [f"{HF}/issues/31673", "https://github.com/karpathy/minGPT/issues/75"],
         "fix": "verify causality: perturbing token t+1 must not change logits at position t",
         "confirm": "causality probe on one batch",
@@ -273,7 +278,9 @@ CAUSES: list[dict] = [
         "id": "benign-memorization",
         "title": "benign memorisation of a small dataset: the loss is truly tiny (KNOWLEDGE 0.2, F4)",
         "signatures": {"memorization": 0.75},
-        "conditions": [],
+        "conditions": [("LOSS007.eval_ratio", ">=", 1.0, 3.0,
+                        "eval_loss ({value:.2f} of the initial loss) rose while the training loss vanished: "
+                        "overfitting a small dataset")],
         "evidence": [],
         "fix": "nothing is broken; check eval_loss for overfitting, use more data or fewer epochs",
         "confirm": "eval_loss finite; grad_norm finite and varying",

@@ -47,6 +47,10 @@ class Diagnosis:
         }
 
 
+# Causes that make an otherwise healthy-looking signature suspicious (verdict "warning").
+SUSPICIOUS_CAUSES = {"label-leakage"}
+
+
 def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis:
     findings = sorted(result.findings, key=lambda f: (f.step is None, f.step or 0, -f.severity))
     primary = _primary(findings)
@@ -59,6 +63,8 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis
     verdict = SIGNATURES[signature][0]
     context = _context(result, findings, onset)
     causes = rank_causes(signature, context, result.facts.origin)
+    if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].confidence >= 0.5:
+        verdict = "warning"  # a tiny loss is fine, unless the evidence says the answers leak in
     return Diagnosis(verdict, signature, onset, causes, findings, result, inputs or [])
 
 
@@ -76,6 +82,9 @@ def _context(result: EngineResult, findings: list[Finding], onset: int | None) -
         context[f"event:{name}"] = count
     for finding in findings:
         context[f"finding:{finding.code}"] = True
+        for key, value in finding.data.items():  # e.g. LOSS007.eval_ratio for the catalog's conditions
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                context.setdefault(f"{finding.code}.{key}", value)
     first = result.stats.first_step
     context["onset_at_start"] = onset is not None and first is not None and onset <= first + 1
     if context.get("world_size") is None and len(result.stats.ranks) > 1:

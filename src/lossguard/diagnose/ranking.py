@@ -37,6 +37,8 @@ def _holds(actual: Any, op: str, expected: Any) -> bool | None:
         return actual in expected
     if op == ">=":
         return isinstance(actual, (int, float)) and actual >= expected
+    if op == "<=":
+        return isinstance(actual, (int, float)) and actual <= expected
     if op == "version_in":
         low, high = expected
         return versions.in_range(str(actual), low, high)
