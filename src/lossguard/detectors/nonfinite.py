@@ -41,11 +41,10 @@ class NonFiniteLoss(DetectorBase):
         if record.kind == EVENT:
             if record.event == "overflow" and record.step is not None:
                 self._fp16_skip_until = record.step + 1
-            elif record.event == "facts":
+            elif record.event == "facts" and record.data.get("bf16") and not record.data.get("fp16") and \
+                    record.data.get("check_grad_overflow") is not True:
                 # bf16 without check_grad_overflow never skips: a non-finite norm is fatal at once.
-                if record.data.get("bf16") and not record.data.get("fp16") and \
-                        record.data.get("check_grad_overflow") is not True:
-                    self._may_skip = False
+                self._may_skip = False
             return []
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
