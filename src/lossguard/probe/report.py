@@ -25,23 +25,26 @@ def _dash(value: Any) -> Any:
 
 
 def render_terminal(result: Any, console: Any) -> None:
-    from rich.table import Table as RichTable
-
-    table = RichTable(title="lossguard probe", show_lines=False)
-    for column in ARM_HEADER[:-1]:
-        table.add_column(column)
-    for row in arm_rows(result):
-        style = "red" if row[2] == "dies" else "green"
-        table.add_row(*[str(c) for c in row[:-1]], style=style)
-    console.print(table)
+    """One line per arm (readable in a CI log too), then the verdict line and where things are."""
+    width = max(len(o.arm.name) for o in result.comparison.outcomes)
     for o in result.comparison.outcomes:
+        style = "red" if o.dies else "green"
+        how = "" if o.signature is None else f" {o.signature} at step {o.onset_step}"
+        agree = ""
+        if not o.arm.is_baseline:
+            agree = ("  agrees with baseline" if o.first_disagreement is None
+                     else f"  departs from baseline at step {o.first_disagreement}")
+            if o.max_abs_dloss is not None:
+                agree += f" (max |Δloss| {o.max_abs_dloss:.2g})"
+        console.print(f"[{style}]{o.arm.name:<{width}}  {o.verdict:<8}[/{style}]{how}  steps {o.last_step}{agree}",
+                      soft_wrap=True)
         if o.note:
-            console.print(f"[dim]{o.arm.name}: {o.note}[/dim]")
-    console.print(f"[bold]{result.comparison.verdict_line}[/bold]")
+            console.print(f"[dim]{'':<{width}}  {o.note}[/dim]", soft_wrap=True)
+    console.print(f"[bold]{result.comparison.verdict_line}[/bold]", soft_wrap=True)
     if result.recommended_path is not None:
-        console.print(f"recommended config: {result.recommended_path}")
+        console.print(f"recommended config: {result.recommended_path}", soft_wrap=True)
     console.print(f"[dim]arms, logs and events: {result.work_dir / 'arms'}; tolerance |Δloss| <= "
-                  f"{result.comparison.atol:g} + {result.comparison.rtol:g}·|loss|[/dim]")
+                  f"{result.comparison.atol:g} + {result.comparison.rtol:g}·|loss|[/dim]", soft_wrap=True)
 
 
 def write_reports(result: Any, report_dir: Path) -> list[Path]:
