@@ -33,6 +33,11 @@ def write(path: Path, data) -> Path:
     return path
 
 
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def probe_json(*args, timeout: float = 400):
     proc = run_cli("probe", *args, "--format", "json", timeout=timeout, env=ENV)
     assert proc.returncode in (0, 1), proc.stderr.decode()[-3000:]
@@ -89,8 +94,8 @@ def test_builtin_tiny_model_inf_gradient(tmp_path):
 def test_zero_stages_agree_on_healthy_config(tmp_path):
     config = write(tmp_path / "fp32.json", {"zero_optimization": {"stage": 2, "overlap_comm": False},
                                             "gradient_clipping": 1.0})
-    arms = write(tmp_path / "arms.yaml", None)
-    arms.write_text("- {name: zero1, changes: {zero_optimization.stage: 1}}\n"
+    arms = _text(tmp_path / "arms.yaml",
+                 "- {name: zero1, changes: {zero_optimization.stage: 1}}\n"
                     "- {name: zero3, changes: {zero_optimization.stage: 3}}\n")
     rc, report = probe_json(str(config), "--arms", str(arms), "--steps", "10",
                             "--cmd", LAUNCH + " --steps {steps} --inf-step 0")
