@@ -96,7 +96,7 @@ def test_zero_stages_agree_on_healthy_config(tmp_path):
                                             "gradient_clipping": 1.0})
     arms = _text(tmp_path / "arms.yaml",
                  "- {name: zero1, changes: {zero_optimization.stage: 1}}\n"
-                    "- {name: zero3, changes: {zero_optimization.stage: 3}}\n")
+                 "- {name: zero3, changes: {zero_optimization.stage: 3}}\n")
     rc, report = probe_json(str(config), "--arms", str(arms), "--steps", "10",
                             "--cmd", LAUNCH + " --steps {steps} --inf-step 0")
     assert rc == 0 and report["recommended"] is None

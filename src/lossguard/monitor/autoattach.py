@@ -19,6 +19,7 @@ one line on stderr and the job runs unguarded.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.abc
 import os
@@ -39,10 +40,8 @@ class _State:
 
 
 def _warn(what: str, exc: BaseException) -> None:
-    try:
+    with contextlib.suppress(Exception):
         sys.stderr.write(f"lossguard auto-attach: {what}: {type(exc).__name__}: {exc} (the job goes on unguarded)\n")
-    except Exception:
-        pass
 
 
 def guard_options() -> dict[str, Any]:
@@ -167,10 +166,8 @@ def install() -> None:
 
 def _close_all() -> None:
     for attachment in _State.attachments:
-        try:
+        with contextlib.suppress(Exception):
             attachment.monitor.close()
-        except Exception:
-            pass
 
 
 def child_env(env: dict[str, str] | None = None, *, events_dir: str | os.PathLike | None = None) -> dict[str, str]:
