@@ -76,6 +76,7 @@ def test_user_script_inf_gradient_auto_arms(tmp_path):
     assert "bf16.check_grad_overflow: true" in (out / "report.html").read_text()
 
 
+@pytest.mark.slow  # 2 arms of the tiny GPT-2: 50 s idle, 160 s on the loaded shared machine
 def test_builtin_tiny_model_inf_gradient(tmp_path):
     config = write(tmp_path / "ds.json", BF16_NO_CHECK)
     arms = write(tmp_path / "arms.json", [{"name": "check", "changes": {"bf16.check_grad_overflow": True}}])
