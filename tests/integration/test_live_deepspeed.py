@@ -17,10 +17,7 @@ FAULTS = {
     "z1-late-module": ("no-grad-flow", 1),
     "z0-desync": ("rank-desync", FAULT_STEP),  # nudged after step 4's update: seen at step 5
 }
-HEALTHY = ["z1-healthy", "z2-healthy-ga", "z3-healthy", "z2-healthy-lora",
-           pytest.param("z2-healthy-fp16", marks=pytest.mark.xfail(
-               strict=True, reason="LR001 (detectors) flags the LR held at WarmupLR's 0 while DeepSpeed "
-                                   "calibrates the fp16 scale with skipped steps; benign, detector to fix"))]
+HEALTHY = ["z1-healthy", "z2-healthy-ga", "z3-healthy", "z2-healthy-lora", "z2-healthy-fp16"]
 
 
 @pytest.fixture(scope="module")

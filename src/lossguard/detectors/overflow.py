@@ -40,6 +40,7 @@ class OverflowStorm(DetectorBase):
         self._last_skip_step: int | None = None
         self._last_skipped_total: float | None = None
         self.calibration_skips = 0
+        self.midrun_skips = 0
         self.lowest_scale: float | None = None
         self._bf16: bool | None = None
         self._lrs: list[float] = []  # the last few logged LRs (rank 0 / run level)
@@ -54,7 +55,8 @@ class OverflowStorm(DetectorBase):
         if record.rank not in (None, 0):
             # Skips are global; another rank only adds its own non-finite loss on a skipped step.
             raw = record.get("raw_loss")
-            if record.step == self._last_skip_step and self._applied_any and is_nonfinite(raw):
+            if record.step == self._last_skip_step and self._applied_any and is_nonfinite(raw) \
+                    and self._streak >= 2:
                 return self._fire(record.step, f"rank {record.rank}'s loss is {raw} on a skipped step")
             return []
         skipped = record.get("skipped_steps")
@@ -120,8 +122,13 @@ class OverflowStorm(DetectorBase):
             self._streak_since = step
         self._streak += 1
         raw = record.get("raw_loss")
-        if self._applied_any and is_nonfinite(raw):
-            return self._fire(step, f"the step's loss is {raw}: the forward pass itself overflows")
+        if self._applied_any:
+            self.midrun_skips += 1
+        if self._applied_any and is_nonfinite(raw) and self._streak >= 2:
+            # One skipped step is the protection working; two in a row with a non-finite forward loss
+            # means every step now overflows (caught at the next optimizer step after the fault).
+            return self._fire(self._streak_since, f"the loss is {raw} on {self._streak} skipped steps in "
+                                                  "a row: the forward pass itself overflows")
         if self._applied_any and self._streak >= _MID_RUN_STREAK:
             return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
                                                   "had started")
@@ -142,6 +149,11 @@ class OverflowStorm(DetectorBase):
         super().finish()
         if self.fired is not None:
             self.fired.data.update(skipped=self.num_skipped, lowest_scale=self.lowest_scale)
+        elif self.midrun_skips:
+            return self.emit(
+                f"{self.midrun_skips} step(s) skipped after training had started (non-finite gradients); "
+                "the optimizer skipped them and the weights stayed finite", self._streak_since,
+                severity=Severity.INFO, signature=None)
         elif self.calibration_skips:
             return self.emit(
                 f"{self.calibration_skips} fp16 overflow skips at start-up while DeepSpeed calibrated the "

@@ -56,7 +56,8 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def build_command(name: str, out_dir: Path, *, nproc: int, port: int, steps: int | None,
-                  config_json: str | None) -> list[str]:
+                  config_json: str | None, guard_events: str | None = None,
+                  halt_on: str | None = None) -> list[str]:
     torchrun = Path(sys.executable).with_name("torchrun")
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     cmd = [*launcher, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(port),
@@ -65,12 +66,17 @@ def build_command(name: str, out_dir: Path, *, nproc: int, port: int, steps: int
         cmd += ["--steps", str(steps)]
     if config_json is not None:
         cmd += ["--config-json", config_json]
+    if guard_events is not None:
+        cmd += ["--guard-events", guard_events]
+        if halt_on:
+            cmd += ["--halt-on", halt_on]
     return cmd
 
 
 def run_scenario(name: str, out_dir: str | os.PathLike, nproc: int = 2, *, steps: int | None = None,
                  ds_config: dict | None = None, timeout_s: float = 300.0,
-                 env: dict[str, str] | None = None) -> RunResult:
+                 env: dict[str, str] | None = None, guard_events: str | None = None,
+                 halt_on: str | None = None) -> RunResult:
     """Run scenario `name` for real and wait for it. A run that overstays `timeout_s` is killed as a group."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +84,8 @@ def run_scenario(name: str, out_dir: str | os.PathLike, nproc: int = 2, *, steps
     if ds_config is not None:
         config_json = str(out / "ds_config.json")
         Path(config_json).write_text(json.dumps(ds_config, indent=1))
-    cmd = build_command(name, out, nproc=nproc, port=free_port(), steps=steps, config_json=config_json)
+    cmd = build_command(name, out, nproc=nproc, port=free_port(), steps=steps, config_json=config_json,
+                        guard_events=guard_events, halt_on=halt_on)
     stdout_path = out / "stdout.log"
     start = time.monotonic()
     timed_out = False

@@ -96,7 +96,15 @@ def _training_arguments(scenario: Scenario, out: str, steps: int, ds: dict):
     return TrainingArguments(**kwargs)
 
 
-def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
+def _guard_options(guard: dict | None) -> dict:
+    """lossguard's live guard for this job: the demo and bench/zoo.py watch a scenario from inside."""
+    if not guard:
+        return {}
+    return {"events_dir": guard["events_dir"], "halt_on": guard.get("halt_on"), "fingerprint_every": 1,
+            "console": True}
+
+
+def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | None = None) -> None:
     from transformers import Trainer, TrainerCallback
 
     os.environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(out, "tb")
@@ -112,8 +120,13 @@ def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
     model = build_model(scenario)
     faults.install(model, scenario.fault, counter, _rank())
     args = _training_arguments(scenario, out, steps, ds)
+    callbacks = [_Step()]
+    if guard:
+        from lossguard import LossguardCallback
+
+        callbacks.append(LossguardCallback(**_guard_options(guard)))
     trainer = Trainer(model=model, args=args, train_dataset=build_data(scenario),
-                      eval_dataset=build_data(scenario, "eval"), data_collator=data_mod.collate, callbacks=[_Step()])
+                      eval_dataset=build_data(scenario, "eval"), data_collator=data_mod.collate, callbacks=callbacks)
     try:
         trainer.train()
         trainer.evaluate()  # eval_loss is not NaN-filtered: the tell that separates a hidden NaN from a real 0
@@ -122,7 +135,7 @@ def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
             trainer.state.save_to_json(os.path.join(out, "trainer_state.json"))
 
 
-def run_raw(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
+def run_raw(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | None = None) -> None:
     """No Trainer: `deepspeed.initialize` and a loop that prints what a hand-written script prints."""
     import deepspeed
     from torch.utils.data import DataLoader, DistributedSampler
@@ -141,6 +154,12 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
                                            model_parameters=[p for p in model.parameters() if p.requires_grad])
     if scenario.fault:
         faults.perturb_replica(engine.module, scenario.fault, rank)
+    attachment = None
+    if guard:
+        import lossguard
+
+        attachment = lossguard.attach(engine, halt_checkpoint_dir=os.path.join(out, "halt-checkpoint"),
+                                      **_guard_options(guard))
     dataset = build_data(scenario)
     loader = DataLoader(dataset, batch_size=MICRO_BATCH, collate_fn=data_mod.collate,
                         sampler=DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0))
@@ -153,7 +172,14 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict) -> None:
             counter.step = step
             loss = engine(**batch).loss
             engine.backward(loss)
-            engine.step()
+            try:
+                engine.step()
+            except Exception as exc:  # LossguardHalt: the guard stopped the run on every rank
+                if attachment is None or type(exc).__name__ != "LossguardHalt":
+                    raise
+                print(f"[rank{rank}] lossguard halted the run at step {step}", flush=True)
+                steps = step
+                break
             # ZeRO-0 fp32 keeps no global norm: the engine returns None, and a hand-written script prints that.
             grad_norm = engine.get_global_grad_norm()
             grad_norm = None if grad_norm is None else float(grad_norm)
@@ -181,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--config-json", default=None, help="DeepSpeed config file replacing the scenario's")
+    parser.add_argument("--guard-events", default=None, help="attach lossguard's live guard, JSONL events here")
+    parser.add_argument("--halt-on", default=None, help="with --guard-events: halt on this verdict/severity")
     args = parser.parse_args(argv)
+    guard = {"events_dir": args.guard_events, "halt_on": args.halt_on} if args.guard_events else None
     scenario = get(args.scenario)
     ds = scenario.ds_config
     if args.config_json:
@@ -190,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     steps = args.steps or scenario.steps
     if scenario.engine == "raw":
-        run_raw(scenario, args.out, steps, ds)
+        run_raw(scenario, args.out, steps, ds, guard)
     else:
-        run_trainer(scenario, args.out, steps, ds)
+        run_trainer(scenario, args.out, steps, ds, guard)
     return 0
 
 

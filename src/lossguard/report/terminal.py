@@ -53,7 +53,8 @@ def _fmt(value: float | None) -> str:
 
 
 def _timeline(console: Console, diagnosis: Diagnosis) -> None:
-    window = [r for r in diagnosis.result.onset_window if r.kind != EVENT or r.event != "facts"]
+    window = [r for r in diagnosis.result.onset_window
+              if r.kind != EVENT or r.event not in ("facts", "train-summary")]
     if not window:
         return
     signals = [s for s in _TIMELINE_SIGNALS if any(s in r.signals for r in window)]

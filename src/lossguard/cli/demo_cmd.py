@@ -1,0 +1,39 @@
+"""`lossguard demo`"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from lossguard.cli.errors import UserError
+
+
+@click.command("demo")
+@click.option("--scenario", default=None, help="Which failure to show (default: bf16-nan). See --list.")
+@click.option("--list", "list_only", is_flag=True, help="List the demo scenarios and exit.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Where the runs, events, checkpoint and report go (default: a new temporary directory).")
+def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
+    """Run a real tiny DeepSpeed job that dies, catch it live, diagnose it, and run the fix.
+
+    Two CPU ranks over gloo, a 2-layer GPT-2, DeepSpeed + transformers.Trainer; about a minute.
+    """
+    try:
+        from lossguard import demo as demos
+    except ImportError as exc:
+        raise UserError(f"the demo needs the training stack ({exc.name} is missing): "
+                        "run `make demo` or `pip install 'lossguard[train]'`") from None
+    if list_only:
+        for name, description in demos.list_demos():
+            click.echo(f"{name:<16} {description}")
+        return
+    name = scenario or demos.DEFAULT
+    if name not in demos.DEMOS:
+        raise UserError(f"no demo scenario {name!r}; choose one of: {', '.join(demos.DEMOS)}")
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="lossguard-demo-"))
+    from lossguard.demo_flow import run_demo
+
+    sys.exit(run_demo(demos.DEMOS[name], out))
