@@ -19,6 +19,7 @@ from lossguard import __version__
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "analyze": ("lossguard.cli.analyze_cmd", "analyze", "Diagnose training logs: verdict, signature, onset, causes."),
     "watch": ("lossguard.cli.watch_cmd", "watch", "Run a training command, diagnose it live, stop it when it dies."),
+    "probe": ("lossguard.cli.probe_cmd", "probe", "Run a job under several config arms and prove which fix survives."),
     "explain": ("lossguard.cli.explain_cmd", "explain", "Explain a signature id, detector code or lint rule."),
     "lint": ("lossguard.cli.lint_cmd", "lint", "Check a DeepSpeed config, training arguments and versions before a run."),
     "rules": ("lossguard.cli.lint_cmd", "rules", "List the lint rules: code, name, severity, fix, summary."),

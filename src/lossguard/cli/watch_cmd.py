@@ -21,10 +21,13 @@ from lossguard.cli.errors import UserError
 @click.option("--buffered", is_flag=True,
               help="Leave the command's Python output buffering alone (default: PYTHONUNBUFFERED=1 so lines "
                    "arrive as they are printed).")
+@click.option("--attach", is_flag=True,
+              help="Attach the live guard inside the command without code changes: deepspeed.initialize and "
+                   "transformers.Trainer are hooked at import (per-rank events in DIR/events with --report).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing of our own unless something is found.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path: str | None, buffered: bool,
-          quiet: bool, command: tuple[str, ...]) -> None:
+          attach: bool, quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND, pass its output through unchanged, diagnose it live, and stop it if it dies.
 
     The command runs in its own process group; stdout and stderr pass through byte for byte (colours,
@@ -54,9 +57,16 @@ def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path:
         argv = argv[1:]
     if not argv:
         raise UserError("watch: no command given; usage: lossguard watch [OPTIONS] -- COMMAND ...")
+    env = None
+    if attach:
+        import os
+
+        from lossguard.monitor.autoattach import child_env
+
+        env = child_env(events_dir=os.path.join(report_dir, "events") if report_dir else None)
     try:
         result = run_watch(argv, halt_on=halt_on, grace_s=grace_s, report_dir=report_dir, log_path=log_path,
-                           unbuffered=not buffered)
+                           unbuffered=not buffered, env=env)
     except FileNotFoundError as exc:
         if exc.filename not in (None, argv[0]):
             raise UserError(f"watch: cannot write {exc.filename} ({exc.strerror})") from None

@@ -1,0 +1,147 @@
+"""`lossguard probe`: prove the fix. The same job under several config arms, compared step by step.
+
+    from lossguard.probe.api import probe
+    result = probe("ds.json", cmd="torchrun --nproc_per_node 2 train.py --deepspeed_config {config}",
+                   report_dir="probe-out")
+    result.comparison.verdict_line, result.exit_code, result.to_dict()
+
+Each arm's config is written to `ARMS_DIR/NN-name/ds_config.json` and handed to the job through `{config}`
+(or to the built-in tiny model through `--config-json`). The job is observed twice without code changes: the
+guard attaches itself inside every rank (`monitor/autoattach.py`) and its output is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lossguard.probe.arms import Arm, ArmsError, auto_arms, load_arms_file
+from lossguard.probe.compare import ATOL, RTOL, ArmOutcome, Comparison, compare, judge
+from lossguard.probe.runner import DEFAULT_WORKLOAD, JobSpec, progress_printer, run_arm
+
+RECOMMENDED_NAME = "recommended_config.json"
+
+
+class ProbeInputError(ValueError):
+    """Bad input to probe (config, arms, command): one line, exit 2."""
+
+
+@dataclass
+class ProbeResult:
+    config_path: Path
+    arms: list[Arm]
+    comparison: Comparison
+    work_dir: Path
+    recommended_path: Path | None
+    report_paths: list[Path]
+
+    @property
+    def exit_code(self) -> int:
+        return self.comparison.exit_code
+
+    def to_dict(self) -> dict[str, Any]:
+        rec = self.comparison.recommended
+        return {
+            "config": str(self.config_path),
+            "verdict": self.comparison.verdict_line,
+            "tolerance": {"atol": self.comparison.atol, "rtol": self.comparison.rtol},
+            "arms": [o.to_dict() for o in self.comparison.outcomes],
+            "recommended": None if rec is None else {"arm": rec.arm.name, "config_path": str(self.recommended_path)},
+            "work_dir": str(self.work_dir),
+        }
+
+
+def load_inputs(config_path: str | Path, arms: str = "auto", cmd: str | None = None,
+                workload: str = DEFAULT_WORKLOAD) -> tuple[dict[str, Any], list[Arm]]:
+    """Validate everything before any job starts; all problems in one ProbeInputError."""
+    from lossguard.lint.document import ConfigError, load_config
+
+    problems: list[str] = []
+    config: dict[str, Any] = {}
+    try:
+        config, _ = load_config(str(config_path))
+    except ConfigError as exc:
+        problems.append(str(exc))
+    except OSError as exc:
+        problems.append(f"{config_path}: cannot read the config ({exc.strerror})")
+    if cmd is not None and "{config}" not in cmd:
+        problems.append(f"--cmd {cmd!r} has no {{config}} placeholder: write where the arm's DeepSpeed config "
+                        "goes, e.g. --cmd \"torchrun --nproc_per_node 2 train.py --deepspeed_config {config}\"")
+    if cmd is None:
+        from lossguard.probe.scenarios import SCENARIOS
+
+        if workload not in SCENARIOS:
+            problems.append(f"--workload {workload!r} is not a zoo scenario; known: {', '.join(SCENARIOS)}")
+    arm_list: list[Arm] = []
+    if arms != "auto":
+        try:
+            arm_list = load_arms_file(arms)
+        except ArmsError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ProbeInputError("; ".join(problems))
+    if arms == "auto":
+        arm_list = auto_arms(config)
+    return config, arm_list
+
+
+def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None, steps: int | None = None,
+          nproc: int = 2, workload: str = DEFAULT_WORKLOAD, report_dir: str | Path | None = None,
+          parallel: bool = False, timeout_s: float = 600.0, atol: float = ATOL, rtol: float = RTOL,
+          show_progress: bool = True) -> ProbeResult:
+    config_path = Path(config_path)
+    config, arm_list = load_inputs(config_path, arms, cmd, workload)
+    if steps is None and cmd is None:
+        steps = 20
+    spec = JobSpec(cmd=cmd, workload=workload, steps=steps, nproc=nproc, timeout_s=timeout_s)
+    work_dir = Path(report_dir) if report_dir is not None else Path(tempfile.mkdtemp(prefix="lossguard-probe-"))
+    arms_dir = work_dir / "arms"
+    arms_dir.mkdir(parents=True, exist_ok=True)
+
+    def one(index: int, arm: Arm) -> ArmOutcome:
+        arm_dir = arms_dir / f"{index:02d}-{_slug(arm.name)}"
+        show = progress_printer(index, len(arm_list), arm.name, steps) if show_progress else None
+        run = run_arm(arm, arm.config(config), arm_dir, spec, progress=show)
+        return judge(arm, run, _diagnose(run))
+
+    if parallel:
+        with ThreadPoolExecutor(max_workers=len(arm_list)) as pool:
+            outcomes = list(pool.map(lambda pair: one(*pair), enumerate(arm_list, 1)))
+    else:
+        outcomes = [one(i, arm) for i, arm in enumerate(arm_list, 1)]
+    comparison = compare(outcomes, atol=atol, rtol=rtol)
+    recommended_path = None
+    if comparison.recommended is not None:
+        recommended_path = (work_dir / RECOMMENDED_NAME if report_dir is not None
+                            else config_path.with_name(f"{config_path.stem}.recommended.json"))
+        recommended_path.write_text(json.dumps(comparison.recommended.arm.config(config), indent=2) + "\n",
+                                    encoding="utf-8")
+    result = ProbeResult(config_path, arm_list, comparison, work_dir, recommended_path, [])
+    if report_dir is not None:
+        from lossguard.probe.report import write_reports
+
+        result.report_paths = write_reports(result, Path(report_dir))
+    return result
+
+
+def _diagnose(run: Any) -> Any:
+    """`analyze` over the arm's stdout and the guard's events; None when nothing could be read."""
+    from lossguard.api import analyze
+    from lossguard.sources.base import SourceError
+
+    paths = [run.stdout_path]
+    if run.events_dir.is_dir() and any(run.events_dir.glob("events-rank*.jsonl")):
+        paths.append(run.events_dir)
+    try:
+        return analyze(paths)
+    except SourceError:
+        return None
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("_")[:60] or "arm"

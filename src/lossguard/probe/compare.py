@@ -1,0 +1,178 @@
+"""Judge each arm and compare them step by step. Pure: no torch import.
+
+An arm's diagnosis comes from `lossguard.analyze` over its stdout and the guard's per-rank events. Whether it
+*dies* is stricter than "the detectors found something": an arm that met one non-finite gradient, skipped
+that step and trained on (the very point of `check_grad_overflow: true`) survives; an arm whose loss stays
+non-finite (or hidden as 0) to the end, whose job crashed, or whose run is broken for any other signature
+(masked labels, no gradient flow, divergence, ...) dies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lossguard.probe.arms import Arm
+
+# Signatures whose run may recover after a skipped step; the others mean the run does not learn.
+TRANSIENT = {"nonfinite", "nonfinite-hidden", "fp16-overflow", "loss-spike"}
+
+# Default agreement tolerance between arms, per step: |Δloss| <= ATOL + RTOL * |baseline loss|.
+# Measured on this machine (DeepSpeed 0.19.8, torch 2.13 CPU, 2 ranks): fp32 ZeRO-1/2/3 give bit-identical
+# losses and grad norms over 10 steps (max |Δ| = 0); bf16 ZeRO-3 vs ZeRO-2 differ by ~1e-4 (docs/probe.md).
+ATOL = 1e-3
+RTOL = 1e-3
+
+Trajectory = dict[int, float]
+
+
+@dataclass
+class ArmOutcome:
+    arm: Arm
+    verdict: str  # "survives" or "dies"
+    signature: str | None  # the diagnosis signature, "crash" / "timeout" for a job that did not finish
+    onset_step: int | None
+    returncode: int
+    loss: Trajectory
+    grad_norm: Trajectory
+    note: str = ""
+    diagnosis: Any = None
+    run: Any = None
+    first_disagreement: int | None = None  # first step where it departs from the baseline beyond tolerance
+    max_abs_dloss: float | None = None  # over the steps both logged finite losses
+    max_abs_dgrad: float | None = None  # the same for the grad norm
+
+    @property
+    def dies(self) -> bool:
+        return self.verdict == "dies"
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.loss) if self.loss else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.arm.name, "changes": dict(self.arm.changes), "verdict": self.verdict,
+                "signature": self.signature, "onset_step": self.onset_step, "returncode": self.returncode,
+                "last_step": self.last_step, "first_disagreement_step": self.first_disagreement,
+                "max_abs_dloss": self.max_abs_dloss,
+                "max_abs_dgrad_norm": self.max_abs_dgrad, "note": self.note, "reason": self.arm.reason,
+                "diagnosis_verdict": getattr(self.diagnosis, "verdict", None)}
+
+
+def trajectories(series: dict[str, dict[str, list[tuple[int, float]]]]) -> tuple[Trajectory, Trajectory]:
+    """Per-step loss (mean over the rank lines; a non-finite rank makes the step non-finite) and grad norm
+    (largest over lines: the global norm is the same on every rank) from a diagnosis' series."""
+    loss_lines = series.get("raw_loss") or series.get("loss") or {}
+    loss: dict[int, list[float]] = {}
+    for points in loss_lines.values():
+        for step, value in points:
+            loss.setdefault(int(step), []).append(float(value))
+    grad: Trajectory = {}
+    for points in (series.get("grad_norm") or {}).values():
+        for step, value in points:
+            value = float(value)
+            old = grad.get(int(step))
+            grad[int(step)] = value if old is None or not math.isfinite(value) or value > old else old
+    return {s: sum(v) / len(v) for s, v in sorted(loss.items())}, dict(sorted(grad.items()))
+
+
+def _dead_from(loss: Trajectory) -> int | None:
+    """The first step of the final run of dead losses (non-finite, or exactly 0 as the Trainer hides NaN)."""
+    onset = None
+    for step, value in loss.items():
+        dead = not math.isfinite(value) or value == 0.0
+        if dead and onset is None:
+            onset = step
+        elif not dead:
+            onset = None
+    return onset
+
+
+def judge(arm: Arm, run: Any, diagnosis: Any) -> ArmOutcome:
+    series = diagnosis.result.series.to_dict() if diagnosis is not None else {}
+    loss, grad = trajectories(series)
+    signature = getattr(diagnosis, "signature", None)
+    onset = getattr(diagnosis, "onset_step", None)
+    broken = getattr(diagnosis, "verdict", None) == "broken"
+    dead_from = _dead_from(loss)
+    if run.timed_out or run.returncode != 0:
+        why = "timeout" if run.timed_out else "crash"
+        return ArmOutcome(arm, "dies", signature or why, onset if signature else (dead_from or run.last_step),
+                          run.returncode, loss, grad, note=f"job ended with {why} (exit {run.returncode})",
+                          diagnosis=diagnosis, run=run)
+    if not loss:
+        return ArmOutcome(arm, "dies", signature or "no-steps", onset, run.returncode, loss, grad,
+                          note="no training step was observed", diagnosis=diagnosis, run=run)
+    if dead_from is not None:
+        return ArmOutcome(arm, "dies", signature or "nonfinite", dead_from if onset is None else min(onset, dead_from),
+                          run.returncode, loss, grad, note="loss non-finite (or hidden as 0) to the end",
+                          diagnosis=diagnosis, run=run)
+    if broken and signature not in TRANSIENT:
+        return ArmOutcome(arm, "dies", signature, onset, run.returncode, loss, grad, diagnosis=diagnosis, run=run)
+    note = ""
+    if signature is not None:
+        note = f"{signature} at step {onset}, recovered: loss finite to the end (step {max(loss)})"
+    return ArmOutcome(arm, "survives", signature, onset, run.returncode, loss, grad, note=note,
+                      diagnosis=diagnosis, run=run)
+
+
+def disagreement(base: Trajectory, other: Trajectory, *, atol: float = ATOL,
+                 rtol: float = RTOL) -> tuple[int | None, float | None]:
+    """(first step where `other` departs from `base` beyond tolerance, or finiteness differs; max |Δloss| over
+    the steps both have finite)."""
+    first, worst = None, None
+    for step in sorted(set(base) & set(other)):
+        a, b = base[step], other[step]
+        if math.isfinite(a) and math.isfinite(b):
+            delta = abs(a - b)
+            worst = delta if worst is None else max(worst, delta)
+            off = delta > atol + rtol * abs(a)
+        else:
+            off = math.isfinite(a) != math.isfinite(b)
+        if off and first is None:
+            first = step
+    return first, worst
+
+
+@dataclass
+class Comparison:
+    outcomes: list[ArmOutcome]
+    recommended: ArmOutcome | None
+    verdict_line: str
+    exit_code: int
+    atol: float = ATOL
+    rtol: float = RTOL
+    notes: list[str] = field(default_factory=list)
+
+
+def compare(outcomes: list[ArmOutcome], *, atol: float = ATOL, rtol: float = RTOL) -> Comparison:
+    base = outcomes[0]
+    for outcome in outcomes[1:]:
+        first_loss, outcome.max_abs_dloss = disagreement(base.loss, outcome.loss, atol=atol, rtol=rtol)
+        first_grad, outcome.max_abs_dgrad = disagreement(base.grad_norm, outcome.grad_norm, atol=atol, rtol=rtol)
+        firsts = [s for s in (first_loss, first_grad) if s is not None]
+        outcome.first_disagreement = min(firsts) if firsts else None
+    survivors = [o for o in outcomes[1:] if not o.dies]
+    if not base.dies:
+        dead = [o for o in outcomes[1:] if o.dies]
+        line = f"baseline survives {base.last_step} steps"
+        line += f" ({base.note})" if base.note else ""
+        if dead:
+            line += "; arm " + ", ".join(f"`{o.arm.name}` dies ({_how(o)})" for o in dead)
+        else:
+            line += f"; all {len(outcomes)} arms healthy"
+            agreeing = [o for o in outcomes[1:] if o.first_disagreement is None]
+            if len(agreeing) == len(outcomes) - 1 and len(outcomes) > 1:
+                worst = max((o.max_abs_dloss or 0.0) for o in outcomes[1:])
+                line += f" and agree within tolerance (max |Δloss| {worst:.2g})"
+        return Comparison(outcomes, None, line + ": keep your config", 0, atol, rtol)
+    head = f"baseline dies at step {base.onset_step} with {base.signature}"
+    if survivors:
+        best = survivors[0]
+        return Comparison(outcomes, best, f"{head}; arm `{best.arm.name}` survives → fix", 0, atol, rtol)
+    return Comparison(outcomes, None, f"{head}; every arm dies: no fix proven", 1, atol, rtol)
+
+
+def _how(outcome: ArmOutcome) -> str:
+    return f"{outcome.signature} at step {outcome.onset_step}"
