@@ -207,7 +207,6 @@ class LossSpike(_TrendDetector):
             return []
         if state.num > _BASELINE_LOGS and state.ema and loss > 3.0 * state.ema and loss > state.ema + 0.5:
             state.spike_at, state.spike_value, state.spike_age = record.step, loss, 0
-            state.ema_at_spike = state.ema
         return []
 
     def observe(self, record: Record) -> list[Finding]:
@@ -215,10 +214,14 @@ class LossSpike(_TrendDetector):
         if loss is None:
             return []
         state = self._state[record.rank]
-        if state.spike_at is not None:  # keep the average from before the spike
+        if state.spike_at is not None:  # while a spike is open, the average stays the one from before
             state.num += 1
             return self.check(record, loss, state)
-        return super().observe(record)
+        before = state.ema
+        found = super().observe(record)
+        if state.spike_at is not None:
+            state.ema = before  # the spike itself must not raise the bar its recovery is judged by
+        return found
 
 
 @dataclass

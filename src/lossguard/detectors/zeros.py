@@ -139,7 +139,7 @@ class NoGradientFlow(DetectorBase):
                              evidence="Number of trainable parameters = 0")
         elif record.event == "no-grad":
             count = record.data.get("count", 0)
-            total = record.data.get("total")
+            total = record.data.get("num_trainable", record.data.get("total"))
             names = ", ".join(record.data.get("params", [])[:5])
             every = total is not None and count >= total
             return self.emit(
