@@ -79,17 +79,21 @@ class TextLogParser:
         step: int | None = None
         is_eval = is_summary = False
         for raw_key, raw_value in pairs:
-            key = raw_key.decode("utf-8", "replace")
+            info = _KEYS.get(raw_key)
+            if info is None:
+                info = _KEYS[raw_key] = _key_info(raw_key)
+            name, role = info
+            if role == _SKIP:
+                continue
             value = _hf_value(raw_value)
-            if key == "train_runtime":
+            if role == _SUMMARY:
                 is_summary = True
-            if key.startswith("eval_"):
+            elif role == _EVAL:
                 is_eval = True
-            if key in ("step", "global_step") and value is not None:
+            elif role == _STEP and value is not None:
                 step = int(value)
-            elif key == "global_step/max_steps":
+            elif role == _STEP_OF_MAX:
                 step = _first_int(raw_value)
-            name = canonical(key)
             if name is not None and value is not None:
                 signals[name] = value
         if is_summary:
@@ -147,9 +151,11 @@ class TextLogParser:
             return []
         step = int(match.group(1))
         signals = {"skipped_steps": float(match.group(2))}
-        lrs = [to_float(x) for x in match.group(3).decode().split(",") if x.strip()]
-        if lrs and lrs[0] is not None:
-            signals["lr"] = lrs[0]
+        first_lr = match.group(3).split(b",", 1)[0].strip()
+        try:
+            signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
+        except ValueError:
+            pass
         return [Record(step=step, signals=signals, source=self.source, line_no=line_no)]
 
     # -- Megatron-LM ------------------------------------------------------------------------------------
@@ -288,11 +294,34 @@ def _facts_from_dump(key: str, value: str) -> dict:
     return {}
 
 
+# Log-dict key -> (signal name or None, role), computed once per distinct key: a big log repeats a
+# handful of keys millions of times.
+_SKIP, _PLAIN, _EVAL, _SUMMARY, _STEP, _STEP_OF_MAX = range(6)
+_KEYS: dict[bytes, tuple[str | None, int]] = {}
+
+
+def _key_info(raw_key: bytes) -> tuple[str | None, int]:
+    key = raw_key.decode("utf-8", "replace")
+    name = canonical(key)
+    if key == "train_runtime":
+        return name, _SUMMARY
+    if key.startswith("eval_"):
+        return name, _EVAL
+    if key in ("step", "global_step"):
+        return name, _STEP
+    if key == "global_step/max_steps":
+        return name, _STEP_OF_MAX
+    return name, (_SKIP if name is None else _PLAIN)
+
+
 def _hf_value(raw: bytes) -> float | None:
     text = raw.strip().strip(b"'\"")
     if text.startswith(b"tensor("):  # transformers 4.38-4.40 logged grad_norm as a tensor repr
         text = text[7:]
-    return to_float(text.decode("ascii", "replace"))
+    try:
+        return float(text)  # float() takes ASCII bytes: 'nan', 'inf', '1e-05' included
+    except ValueError:
+        return None
 
 
 def _first_int(raw: bytes) -> int | None:
