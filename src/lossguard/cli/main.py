@@ -51,8 +51,11 @@ def cli() -> None:
     """lossguard: catch DeepSpeed / Hugging Face fine-tuning runs that die silently.
 
     \b
-    Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad usage or unreadable input.
+    Exit codes: 0 clean, 1 findings at or above --fail-on (probe: every arm dies), 2 bad usage or
+    unreadable input. `watch` exits with its command's own code, or 3 when lossguard stopped it.
     Set LOSSGUARD_DEBUG=1 to see tracebacks.
+
+    Start with `lossguard demo`; `lossguard explain` lists every signature, detector and rule.
     """
 
 
