@@ -78,3 +78,15 @@ def test_explain_every_listed_topic(cli):
 def test_help_lists_commands(cli):
     out = cli("--help").stdout.decode()
     assert "analyze" in out and "explain" in out
+
+
+def test_a_huge_single_line_is_read_with_bounded_memory(cli, tmp_path):
+    big = tmp_path / "runaway.log"
+    with open(big, "wb") as out:
+        out.write(b"{'loss': 2.0, 'epoch': 0.1}\n")
+        out.write(b"{'loss': " + b"9" * (40 << 20) + b"}\n")  # a 40 MB line
+        out.write(b"{'loss': 1.9, 'epoch': 0.2}\n")
+    proc = cli("analyze", big, "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stats"]["train_logs"] >= 2

@@ -394,11 +394,18 @@ def iter_grep_lines(stream_or_path: BinaryIO | Path) -> Iterator[tuple[int, byte
     return _read_grep(proc)
 
 
+_MAX_LINE = 1 << 20  # a line longer than this (a binary blob, a runaway print) is parsed by its head only
+
+
 def _read_grep(proc: subprocess.Popen) -> Iterator[tuple[int, bytes]]:
     try:
-        for raw in proc.stdout:
+        while raw := proc.stdout.readline(_MAX_LINE):
+            if not raw.endswith(b"\n"):  # over-long: drop the rest of it, memory stays bounded
+                while (rest := proc.stdout.readline(_MAX_LINE)) and not rest.endswith(b"\n"):
+                    pass
             number, _, line = raw.partition(b":")
-            yield int(number), line.rstrip(b"\n")
+            if number.isdigit():
+                yield int(number), line.rstrip(b"\n")
     finally:
         proc.stdout.close()
         proc.kill()
