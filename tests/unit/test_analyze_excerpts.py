@@ -66,3 +66,25 @@ def test_user_supplied_config_and_env_join_the_diagnosis(tmp_path):
     config.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": False}, "bf16": {"enabled": True}}))
     off = analyze([log], facts=load_known_facts(str(config), str(env)))
     assert off.causes[0].id != "zero12-overlap-race"
+
+
+def test_generic_csv_with_a_step_column(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,train/loss,learning_rate,grad_norm\n" +
+                   "".join(f"{i},{2.0 - i / 100},1e-4,{1.5 + i / 100}\n" for i in range(1, 6)) +
+                   "".join(f"{i},nan,1e-4,nan\n" for i in range(6, 9)))
+    d = analyze([csv])
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "nonfinite", 6)
+
+
+def test_output_dir_with_checkpoints_reads_the_latest_state_only(tmp_path):
+    rows = [{"step": i, "loss": 2.0 - i / 100, "grad_norm": 1.5, "learning_rate": 1e-4} for i in range(1, 11)]
+    dead = [{"step": i, "loss": 0.0, "grad_norm": 1.4142135623730951, "learning_rate": 1e-4} for i in range(11, 16)]
+    for number, history in ((5, rows[:5]), (10, rows), (15, rows + dead)):
+        ckpt = tmp_path / f"checkpoint-{number}"
+        ckpt.mkdir()
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": number, "log_history": history}))
+        (ckpt / "model.safetensors").write_bytes(b"\x00" * 64)
+    d = analyze([tmp_path])
+    assert d.result.stats.num_train == 15  # the other checkpoints hold prefixes of the same history
+    assert (d.signature, d.onset_step) == ("nonfinite-hidden", 11)
