@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from lossguard.api import analyze  # noqa: E402
 from lossguard.probe.scenarios import SCENARIOS  # noqa: E402
+from lossguard.sources.base import SourceError  # noqa: E402
 
 # runmedic's check names -> the closest DESIGN.md signature, to score its signature accuracy fairly.
 RUNMEDIC_SIGNATURES = {
@@ -67,7 +68,10 @@ def _matches(got: str | None, expected: str | None) -> bool:
 def judge_lossguard(path: Path) -> Verdict | None:
     if not path.exists():
         return None
-    d = analyze([path])
+    try:
+        d = analyze([path])
+    except SourceError:  # the job crashed before logging anything: nothing for any tool to judge
+        return Verdict(False, None, None)
     return Verdict(d.verdict == "broken" or (d.verdict == "warning"), d.signature, d.onset_step)
 
 
@@ -103,6 +107,15 @@ def run_one(name: str, out: Path) -> Path:
         return out  # --keep reuse
     run_scenario(name, out, guard_events=str(out / "events"), halt_on=None, timeout_s=400)
     return out
+
+
+def crashed(run_dir: Path) -> bool:
+    """The job died loudly (a traceback, non-zero exit) before logging a step: not a silent death."""
+    log = run_dir / "stdout.log"
+    if not log.exists():
+        return False
+    text = log.read_bytes()
+    return b"Traceback" in text and b"'loss'" not in text and b" loss " not in text
 
 
 def score(name: str, run_dir: Path) -> dict[str, Verdict | None]:
@@ -162,6 +175,11 @@ def main() -> None:
                 continue
         else:
             run_dir = run_one(name, base / name)
+        if crashed(run_dir):
+            s = SCENARIOS[name]
+            print(f"{name:<22} {(s.signature or 'healthy') + '@-':<22} crashed loudly before its first step "
+                  "(DeepSpeed raised); not a silent death, left out of the totals", flush=True)
+            continue
         row = score(name, run_dir)
         rows.append((name, row))
         s = SCENARIOS[name]
