@@ -66,8 +66,11 @@ def build_log(path: Path, num_lines: int, seed: int = 0) -> None:
 def timed(cmd: list[str]) -> tuple[float, int]:
     """(wall seconds, peak RSS in MiB) of one child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    # stdout goes to a pipe we drain, never to /dev/null: GNU grep notices /dev/null and stops at
+    # its first match, which would time nothing.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) not in (0, 1):

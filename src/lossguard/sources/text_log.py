@@ -45,6 +45,8 @@ class TextLogParser:
             if record is not None:
                 out.append(record)
                 return out
+        if b"skipped=" in line and (records := self._ds_step(line, line_no)):
+            return records  # DeepSpeed's progress line, as common as the log dicts: checked early
         for needle, name, pattern in P.EVENT_NEEDLES:
             if needle in line and (match := pattern.search(line)):
                 out.append(self._event(name, match, line_no))
@@ -224,7 +226,6 @@ class TextLogParser:
 
 # (a literal the line must contain, parser): cheap dispatch for the numeric line formats.
 TextLogParser._PARSERS = (
-    (b"skipped=", TextLogParser._ds_step),
     (b"iteration ", TextLogParser._megatron),
     (b"(train)", TextLogParser._mmengine),
     (b"(val)", TextLogParser._mmengine),
