@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import os
 import shutil
 import subprocess
@@ -154,10 +155,8 @@ class TextLogParser:
         step = int(match.group(1))
         signals = {"skipped_steps": float(match.group(2))}
         first_lr = match.group(3).split(b",", 1)[0].strip()
-        try:
+        with contextlib.suppress(ValueError):
             signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
-        except ValueError:
-            pass
         return [Record(step=step, signals=signals, source=self.source, line_no=line_no)]
 
     # -- Megatron-LM ------------------------------------------------------------------------------------
