@@ -30,3 +30,26 @@ def above_info(summary: dict) -> list[tuple]:
 
 def signatures_at(summary: dict, step: int) -> set[str]:
     return {f["signature"] for f in summary["findings"] if f["step"] in (step, step + 1) and f["signature"]}
+
+
+def run_job_two_nodes(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) -> dict[str, dict]:
+    """The same job launched as two nodes of one rank each: two torchrun agents on this machine meeting
+    at a static rendezvous, the way a multi-node launch starts (node_rank 0 and 1)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    env.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    procs = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "1",
+                               "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               str(JOBS / script), str(out), *scenarios],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for node in (0, 1)]
+    logs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    for node, (proc, log) in enumerate(zip(procs, logs)):
+        (out / f"{script}.node{node}.log").write_text(log)
+        assert proc.returncode == 0, f"node {node} must exit cleanly; rc={proc.returncode}\n{log[-4000:]}"
+    return {name: json.loads((out / name / "summary.json").read_text()) for name in scenarios}, "\n".join(logs)

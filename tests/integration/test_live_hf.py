@@ -73,3 +73,14 @@ def test_events_replay_through_analyze(hf_runs):
     engine.feed_all(records(discover([str(out / "masked-one-rank" / "events")])))
     result = engine.finish()
     assert any(f.signature == "masked-labels" and f.step == FAULT_STEP for f in result.findings)
+
+
+def test_two_nodes_one_rank_each_catch_the_fault_on_the_other_node(tmp_path):
+    """Multi-node: the fault is on node 1's only rank; node 0 (which prints) halts at the same step."""
+    from tests.integration.live_helpers import run_job_two_nodes
+
+    summaries, _ = run_job_two_nodes("hf_job.py", tmp_path, ["masked-one-rank", "healthy-z1"])
+    fault = summaries["masked-one-rank"]
+    assert "masked-labels" in signatures_at(fault, FAULT_STEP)
+    assert fault["halted_at"] in (FAULT_STEP, FAULT_STEP + 1)
+    assert above_info(summaries["healthy-z1"]) == []
