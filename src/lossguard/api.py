@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,10 +32,37 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
     for part in stream:
         engine.feed_all(part)
     result = engine.finish()
-    if result.stats.num_train == 0 and result.stats.num_eval == 0 and not result.stats.events:
+    diagnosis = diagnose(result, inputs=[str(i.path) for i in inputs] + (["<stdin>"] if "-" in paths else []))
+    if result.stats.num_train == 0 and result.stats.num_eval == 0 and diagnosis.verdict == "healthy":
+        # Nothing was trained in what we read: "healthy" would be a silently wrong answer.
         where = ", ".join(paths)
+        crash = _crash_line([i.path for i in inputs])
+        if crash:
+            raise NothingReadError(f"{where}: the job crashed before logging any training metric ({crash}); "
+                                   "fix that error first")
         raise NothingReadError(
             f"{where}: no training metrics or known log lines found; lossguard reads HF Trainer logs "
             "({'loss': ...} lines), trainer_state.json, TensorBoard events, DeepSpeed / Megatron / mmengine "
             "logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
-    return diagnose(result, inputs=[str(i.path) for i in inputs] + (["<stdin>"] if "-" in paths else []))
+    return diagnosis
+
+
+_ERROR_LINE = re.compile(rb"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)(?::[^\n]*)?)$", re.M)
+
+
+def _crash_line(paths: list[Path]) -> str | None:
+    """The last `SomethingError: message` line of a text log that holds a Python traceback."""
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(max(0, path.stat().st_size - (256 << 10)))
+                tail = handle.read()
+        except OSError:
+            continue
+        if b"Traceback (most recent call last)" not in tail:
+            continue
+        errors = [m.group(1) for m in _ERROR_LINE.finditer(tail)
+                  if not m.group(1).startswith(b"torch.distributed.elastic")]
+        if errors:
+            return f"{path.name}: {errors[-1].decode('utf-8', 'replace')[:200]}"
+    return None

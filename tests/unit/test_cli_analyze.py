@@ -90,3 +90,18 @@ def test_a_huge_single_line_is_read_with_bounded_memory(cli, tmp_path):
     assert proc.returncode in (0, 1), proc.stderr
     out = json.loads(proc.stdout)
     assert out["stats"]["train_logs"] >= 2
+
+
+def test_a_log_that_crashed_before_any_metric_says_so(cli, tmp_path):
+    log = tmp_path / "stdout.log"
+    log.write_text("[INFO] [config.py:988:print]   zero_config .................. stage=2 overlap_comm=False\n"
+                   "[rank0]: Traceback (most recent call last):\n"
+                   '[rank0]:   File "train.py", line 3, in <module>\n'
+                   "[rank0]: IndexError: list index out of range\n")
+    _bad(cli("analyze", log), "crashed before logging any training metric", "IndexError: list index out of range")
+
+
+def test_facts_alone_are_not_a_healthy_run(cli, tmp_path):
+    log = tmp_path / "banner.log"
+    log.write_text("[Rank 0] DeepSpeed info: version=0.14.0, git-hash=unknown, git-branch=unknown\n")
+    _bad(cli("analyze", log), "no training metrics")
