@@ -1,7 +1,8 @@
 import io
 
 from lossguard.core.records import EVAL, EVENT, TRAIN
-from lossguard.sources.text_log import iter_lines, parse_lines, parse_stream
+from lossguard.sources.scan import iter_lines
+from lossguard.sources.text_log import parse_lines, parse_stream
 
 
 def parse(text: str):
@@ -98,9 +99,9 @@ def test_unrelated_dicts_and_junk_are_ignored():
 
 
 def test_chunk_boundaries_do_not_lose_or_split_lines(monkeypatch):
-    import lossguard.sources.text_log as text_log
+    import lossguard.sources.scan as scan
 
-    monkeypatch.setattr(text_log, "CHUNK_BYTES", 7)
+    monkeypatch.setattr(scan, "CHUNK_BYTES", 7)
     body = "".join(f"noise line {i}\n{{'loss': {i + 1}.5, 'epoch': {i}}}\n" for i in range(50))
     lines = list(iter_lines(io.BytesIO(body.encode())))
     assert [n for n, _ in lines] == list(range(2, 101, 2))

@@ -1,28 +1,25 @@
 """Plain-text training logs: HF Trainer stdout, DeepSpeed lines, Megatron, mmengine, warnings.
 
-Mixed formats in one file are fine: every line is classified on its own. The file is read in large
-binary chunks and only lines that contain an anchor (`patterns.ANCHORS`) are decoded and parsed, so
-a log of millions of tqdm / INFO lines is scanned at close to regex speed with flat memory.
+Mixed formats in one file are fine: every line is classified on its own. `scan.py` finds the lines
+that contain an anchor (`patterns.ANCHOR_STRINGS`); only those reach this parser, so a log of millions
+of tqdm / INFO lines costs little more than the scan. DeepSpeed's banner and config dump become facts
+in `ds_facts.py`.
 """
 
 from __future__ import annotations
 
-import ast
 import collections
 import contextlib
-import os
-import shutil
-import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from lossguard.core.facts import dtype_name
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
+from lossguard.sources.ds_facts import facts_from_line
+from lossguard.sources.scan import is_real_file, iter_grep_lines, iter_lines
 
-CHUNK_BYTES = 8 << 20
 _DEDUPE_WINDOW = 256
 _SIGNAL_KEYS = (b"loss", b"grad_norm", b"learning_rate", b"eval_", b"train_runtime", b"lr")
 
@@ -217,7 +214,7 @@ class TextLogParser:
 
     # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
     def _facts(self, line: bytes, line_no: int | None) -> list[Record]:
-        facts = _facts_from_line(line)
+        facts = facts_from_line(line)
         if not facts:
             return []
         return [Record(step=None, kind=EVENT, event="facts", data=facts, source=self.source, line_no=line_no)]
@@ -232,66 +229,6 @@ TextLogParser._PARSERS = (
     (b"iter ", TextLogParser._plain),
     (b" ", TextLogParser._facts),
 )
-
-
-def _facts_from_line(line: bytes) -> dict:
-    if match := P.DS_VERSION.search(line):
-        return {"deepspeed_version": match.group(1).decode()}
-    if match := P.DS_ZERO_OPT.search(line):
-        dtype = dtype_name(match.group(1).decode())
-        facts = {"zero_stage": int(match.group(2))}
-        if dtype:
-            facts["bf16"] = dtype == "bf16"
-        return facts
-    if match := P.DS_WORLD.search(line):
-        return {"world_size": int(match.group(1))}
-    if match := P.DS_WORLD_INFO.search(line):
-        try:
-            hosts = ast.literal_eval(match.group(1).decode())
-            return {"num_nodes": len(hosts), "world_size": sum(len(v) for v in hosts.values())}
-        except (ValueError, SyntaxError, AttributeError, TypeError):
-            return {}
-    match = P.DS_DUMP_LINE.search(line[line.find(b"]", line.rfind(b"[")) + 1 :] if b"]" in line else line)
-    if not match:
-        return {}
-    key, value = match.group(1).decode(), match.group(2).decode()
-    return _facts_from_dump(key, value)
-
-
-def _facts_from_dump(key: str, value: str) -> dict:
-    kv = {k.decode(): v.decode() for k, v in P.KV_ASSIGN.findall(value.encode())}
-    if key == "zero_config":
-        out = {}
-        if (stage := _int(kv.get("stage"))) is not None:
-            out["zero_stage"] = stage
-        for name in ("overlap_comm", "contiguous_gradients", "use_multi_rank_bucket_allreduce"):
-            if kv.get(name) in ("True", "False"):
-                out[name] = kv[name] == "True"
-        if (size := _int(kv.get("reduce_bucket_size"))) is not None:
-            out["reduce_bucket_size"] = size
-        return out
-    if key == "zero_optimization_stage" and _int(value) is not None:
-        return {"zero_stage": _int(value)}
-    if key in ("bfloat16_enabled", "bf16_enabled") and value in ("True", "False"):
-        return {"bf16": value == "True"}
-    if key in ("bfloat16_config", "bf16_config"):
-        out = {}
-        if kv.get("enabled") in ("True", "False"):
-            out["bf16"] = kv["enabled"] == "True"
-        if kv.get("check_grad_overflow") in ("True", "False"):
-            out["check_grad_overflow"] = kv["check_grad_overflow"] == "True"
-        return out
-    if key in ("fp16_enabled",) and value in ("True", "False"):
-        return {"fp16": value == "True"}
-    if key in ("float16_config", "fp16_config") and kv.get("enabled") in ("True", "False"):
-        return {"fp16": kv["enabled"] == "True"}
-    if key == "communication_data_type":
-        return {"communication_data_type": dtype_name(value)} if dtype_name(value) else {}
-    if key == "world_size" and _int(value) is not None:
-        return {"world_size": _int(value)}
-    if key == "gradient_accumulation_steps" and _int(value) is not None:
-        return {"gradient_accumulation_steps": _int(value)}
-    return {}
 
 
 # Log-dict key -> (signal name or None, role), computed once per distinct key: a big log repeats a
@@ -336,85 +273,9 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-# -- file / stream scanning ---------------------------------------------------------------------------
-def iter_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) for anchor-bearing lines only, reading big chunks; memory stays flat."""
-    line_no = 0
-    tail = b""
-    anchors = P.ANCHORS
-    while True:
-        chunk = stream.read(CHUNK_BYTES)
-        if not chunk:
-            break
-        buf = tail + chunk
-        cut = buf.rfind(b"\n") + 1
-        if cut == 0:
-            # No newline in the whole buffer (a huge line): keep a bounded tail, never the whole file.
-            tail = buf[-(1 << 20):]
-            continue
-        body, tail = buf[:cut], buf[cut:]
-        pos = 0
-        counted_to = 0
-        while True:
-            match = anchors.search(body, pos)
-            if match is None:
-                break
-            start = body.rfind(b"\n", 0, match.start()) + 1
-            end = body.find(b"\n", match.end())
-            line_no_here = line_no + body.count(b"\n", counted_to, start) + 1
-            line_no, counted_to = line_no_here - 1, start
-            yield line_no_here, body[start:end]
-            pos = end + 1
-        line_no += body.count(b"\n", counted_to)
-    if tail:
-        match = anchors.search(tail)
-        if match:
-            yield line_no + 1, tail
-
-
-def iter_grep_lines(stream_or_path: BinaryIO | Path) -> Iterator[tuple[int, bytes]] | None:
-    """Like `iter_lines`, with `grep -F` doing the scan: it finds the few anchor-bearing lines of a big
-    log many times faster than Python's regex alternation. None when grep is not available."""
-    grep = shutil.which("grep")
-    if grep is None or os.environ.get("LOSSGUARD_NO_GREP"):
-        return None
-    args = [grep, "-F", "-a", "-n", "--no-messages"]
-    for anchor in P.ANCHOR_STRINGS:
-        args += ["-e", anchor]
-    if isinstance(stream_or_path, Path):
-        args += ["--", str(stream_or_path)]
-        stdin = subprocess.DEVNULL
-    else:
-        stdin = stream_or_path
-    try:
-        proc = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "LC_ALL": "C"})
-    except OSError:
-        return None
-    return _read_grep(proc)
-
-
-_MAX_LINE = 1 << 20  # a line longer than this (a binary blob, a runaway print) is parsed by its head only
-
-
-def _read_grep(proc: subprocess.Popen) -> Iterator[tuple[int, bytes]]:
-    try:
-        while raw := proc.stdout.readline(_MAX_LINE):
-            if not raw.endswith(b"\n"):  # over-long: drop the rest of it, memory stays bounded
-                while (rest := proc.stdout.readline(_MAX_LINE)) and not rest.endswith(b"\n"):
-                    pass
-            number, _, line = raw.partition(b":")
-            if number.isdigit():
-                yield int(number), line.rstrip(b"\n")
-    finally:
-        proc.stdout.close()
-        proc.kill()
-        proc.wait()
-
-
 def parse_stream(stream: BinaryIO, source: str) -> Iterator[Record]:
     parser = TextLogParser(source)
-    lines = iter_grep_lines(stream) if _is_real_file(stream) else None
+    lines = iter_grep_lines(stream) if is_real_file(stream) else None
     for line_no, line in lines if lines is not None else iter_lines(stream):
         yield from parser.parse_line(line, line_no)
 
@@ -428,14 +289,6 @@ def parse_file(path: Path) -> Iterator[Record]:
     parser = TextLogParser(path.name)
     for line_no, line in lines:
         yield from parser.parse_line(line, line_no)
-
-
-def _is_real_file(stream: BinaryIO) -> bool:
-    try:
-        stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False  # an in-memory stream: scan it in Python
-    return True
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:

@@ -15,7 +15,8 @@ from lossguard.core.engine import Engine
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Severity
 from lossguard.diagnose.diagnosis import Diagnosis, diagnose
-from lossguard.sources.text_log import TextLogParser, iter_lines
+from lossguard.sources.scan import iter_lines
+from lossguard.sources.text_log import TextLogParser
 from lossguard.watch.lines import MAX_LINE_BYTES
 
 # How bad a verdict is, for `--halt-on`.
