@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import selectors
 import signal
 import socket
@@ -25,6 +24,15 @@ from pathlib import Path
 from lossguard.watch.analyzer import Alert, LiveAnalyzer
 from lossguard.watch.banner import render_banner
 from lossguard.watch.lines import LineAssembler
+from lossguard.watch.oshelpers import (  # noqa: F401  (exit_code_for, group_members: public via this module)
+    drain_socket,
+    exit_code_for,
+    group_members,
+    in_main_thread,
+    pidfd_open,
+    try_grow_pipe,
+    write_all,
+)
 
 # Exit codes of `lossguard watch` besides the child's own (documented in --help and docs/watch.md).
 EXIT_HALTED = 3  # lossguard stopped the command (--halt-on)
@@ -32,7 +40,6 @@ EXIT_NOT_EXECUTABLE = 126  # as a shell: the command exists but cannot be run
 EXIT_NOT_FOUND = 127  # as a shell: no such command
 
 READ_BYTES = 1 << 20
-_PIPE_BYTES = 1 << 20  # ask Linux for 1 MiB pipes: fewer wake-ups, the child rarely blocks on us
 _BANNER_WAIT_S = 0.5  # a warning banner waits this long for both streams to reach a line end
 _DRAIN_S = 0.2  # the group is gone but a pipe is still open (held outside the group): read this long
 _GIVE_UP_S = 5.0  # after SIGKILL, stop waiting for a process the kernel cannot kill (D state)
@@ -83,36 +90,6 @@ class WatchOutcome:
                 "signals": [vars(s) for s in self.signals], "leftover_pids": self.leftovers,
                 "wall_s": round(self.wall_s, 3), "num_lines": self.num_lines, "num_bytes": self.num_bytes,
                 "analysis_error": self.analysis_error}
-
-
-def exit_code_for(returncode: int) -> int:
-    """A shell's convention: 128+N for a command killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`."""
-    if not os.path.isdir("/proc"):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
-            members.append(int(name))
-    return members
 
 
 class _Stream:
@@ -189,7 +166,7 @@ class Watcher:
         self._pgid = self.outcome.pid = proc.pid
         for pipe in (proc.stdout, proc.stderr):
             os.set_blocking(pipe.fileno(), False)
-            _try_grow_pipe(pipe.fileno())
+            try_grow_pipe(pipe.fileno())
         return proc
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -198,7 +175,7 @@ class Watcher:
         for stream in self._streams.values():
             self._sel.register(stream.fd, selectors.EVENT_READ, stream)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._pidfd = _pidfd_open(self._proc.pid)
+        self._pidfd = pidfd_open(self._proc.pid)
         if self._pidfd is not None:
             self._sel.register(self._pidfd, selectors.EVENT_READ, "exit")
         try:
@@ -207,7 +184,7 @@ class Watcher:
                     if isinstance(key.data, _Stream):
                         self._on_readable(key.data)
                     elif key.data == "wake":
-                        _drain_socket(self._wake_r)
+                        drain_socket(self._wake_r)
                     elif key.data == "exit":
                         self._sel.unregister(self._pidfd)
                         os.close(self._pidfd)
@@ -260,7 +237,7 @@ class Watcher:
 
     def _pass_through(self, stream: _Stream, data: bytes) -> None:
         if not stream.out_broken:
-            stream.out_broken = not _write_all(stream.out_fd, data)
+            stream.out_broken = not write_all(stream.out_fd, data)
         stream.at_line_start = data.endswith(b"\n")
         self._mid_line = not stream.at_line_start
 
@@ -318,7 +295,7 @@ class Watcher:
         # A partial line (a tqdm bar) is ended first rather than written into.
         data = (b"" if at_start else b"\n") + b"".join(self._banners)
         self._banners, self._banner_since = [], None
-        _write_all(self.config.stderr_fd, data)
+        write_all(self.config.stderr_fd, data)
         self._mid_line = False
         err = next((s for s in self._streams.values() if s.out_fd == self.config.stderr_fd), None)
         if err is not None:
@@ -326,7 +303,7 @@ class Watcher:
 
     # -- signals and stopping -------------------------------------------------------------------------
     def _install_signal_handlers(self):
-        if sys.platform == "win32" or not _in_main_thread():
+        if sys.platform == "win32" or not in_main_thread():
             return lambda: None
         previous = {}
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -432,53 +409,3 @@ class Watcher:
         else:
             outcome.exit_code = exit_code_for(outcome.returncode)
         return outcome
-
-
-# -- small OS helpers ------------------------------------------------------------------------------------
-def _write_all(fd: int, data: bytes) -> bool:
-    """Write everything (our stdout may be a slow or non-blocking pipe). False once the reader is gone."""
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except BlockingIOError:
-            _wait_writable(fd)
-            continue
-        except (BrokenPipeError, OSError):
-            return False
-        view = view[written:]
-    return True
-
-
-def _wait_writable(fd: int) -> None:
-    select.select([], [fd], [], 1.0)
-
-
-def _try_grow_pipe(fd: int) -> None:
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    except (ImportError, AttributeError, OSError):
-        pass  # not Linux, or over /proc/sys/fs/pipe-max-size: the default 64 KiB works, just more wake-ups
-
-
-def _pidfd_open(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _drain_socket(sock: socket.socket) -> None:
-    try:
-        while sock.recv(4096):
-            pass
-    except (BlockingIOError, InterruptedError):
-        pass
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,88 @@
+"""Small OS helpers for `watch`: process groups, exit codes, non-blocking writes, pidfds, self-pipes."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+
+_PIPE_BYTES = 1 << 20  # ask Linux for 1 MiB pipes: fewer wake-ups, the child rarely blocks on us
+
+
+def exit_code_for(returncode: int) -> int:
+    """A shell's convention: 128+N for a command killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            members.append(int(name))
+    return members
+
+
+def write_all(fd: int, data: bytes) -> bool:
+    """Write everything (our stdout may be a slow or non-blocking pipe). False once the reader is gone."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            wait_writable(fd)
+            continue
+        except (BrokenPipeError, OSError):
+            return False
+        view = view[written:]
+    return True
+
+
+def wait_writable(fd: int) -> None:
+    select.select([], [fd], [], 1.0)
+
+
+def try_grow_pipe(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass  # not Linux, or over /proc/sys/fs/pipe-max-size: the default 64 KiB works, just more wake-ups
+
+
+def pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def drain_socket(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+def in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
