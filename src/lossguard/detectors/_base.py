@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from lossguard.core.findings import Finding, Severity
@@ -43,6 +44,23 @@ def sentinel_index(value: float | None) -> int | None:
         if abs(value - root) <= tolerance:
             return k
     return None
+
+
+@dataclass(slots=True)
+class Streak:
+    """How many records in a row a condition has held, and the step where the run of them began."""
+
+    count: int = 0
+    since: int | None = None
+
+    def update(self, holds: bool, step: int | None) -> int:
+        if not holds:
+            self.count = 0
+        else:
+            if self.count == 0:
+                self.since = step
+            self.count += 1
+        return self.count
 
 
 class PerRank(Generic[S]):

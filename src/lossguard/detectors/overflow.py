@@ -11,7 +11,7 @@ from __future__ import annotations
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, is_nonfinite
+from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
 
 _MID_RUN_STREAK = 3
 _FLOOR_SCALE = 256.0
@@ -44,8 +44,7 @@ class OverflowStorm(DetectorBase):
         self.lowest_scale: float | None = None
         self._bf16: bool | None = None
         self._lrs: list[float] = []  # the last few logged LRs (rank 0 / run level)
-        self._frozen_streak = 0
-        self._frozen_since: int | None = None
+        self._frozen = Streak()  # logs with the LR frozen while the gradients are non-finite
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -92,16 +91,12 @@ class OverflowStorm(DetectorBase):
             return []
         was_moving = len(self._lrs) >= 2 and self._lrs[-1] != self._lrs[-2]
         bad = is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss)
-        if bad and self._lrs and lr == self._lrs[-1] and (was_moving or self._frozen_streak):
-            if self._frozen_streak == 0:
-                self._frozen_since = record.step
-            self._frozen_streak += 1
-        else:
-            self._frozen_streak = 0
+        frozen = bad and bool(self._lrs) and lr == self._lrs[-1] and (was_moving or self._frozen.count > 0)
+        self._frozen.update(frozen, record.step)
         self._lrs = (self._lrs + [lr])[-3:]
-        if self._frozen_streak >= _MID_RUN_STREAK:
-            return self._fire(self._frozen_since, f"the learning rate froze at {lr:g} from step "
-                                                  f"{self._frozen_since} while the gradient norm is {grad}: "
+        if self._frozen.count >= _MID_RUN_STREAK:
+            return self._fire(self._frozen.since, f"the learning rate froze at {lr:g} from step "
+                                                  f"{self._frozen.since} while the gradient norm is {grad}: "
                                                   "every step is being skipped")
         return []
 
@@ -176,8 +171,7 @@ class LearningRateZero(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._zero_streak = 0
-        self._since: int | None = None
+        self._zero = Streak()
         self._warned_before_step = 0
         self._steps: set[int] = set()
         self._overflow_steps: set[int] = set()
@@ -209,15 +203,9 @@ class LearningRateZero(DetectorBase):
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()
-        if lr == 0.0:
-            if self._zero_streak == 0:
-                self._since = record.step
-            self._zero_streak += 1
-        else:
-            self._zero_streak = 0
-        if self._zero_streak >= self._STREAK:
+        if self._zero.update(lr == 0.0, record.step) >= self._STREAK:
             why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
                    if self._warned_before_step else "")
-            return self.emit(f"learning rate is 0 in {self._zero_streak} logs in a row from step "
-                             f"{self._since}: the weights are not being updated{why}", self._since)
+            return self.emit(f"learning rate is 0 in {self._zero.count} logs in a row from step "
+                             f"{self._zero.since}: the weights are not being updated{why}", self._zero.since)
         return []

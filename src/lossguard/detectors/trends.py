@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite
+from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
 
 _BASELINE_LOGS = 3
 
@@ -28,8 +28,7 @@ class _Trend:
     repeat_value: float | None = None
     repeat_streak: int = 0
     repeat_since: int | None = None
-    high_streak: int = 0
-    high_since: int | None = None
+    high: Streak = field(default_factory=Streak)
     spike_at: int | None = None
     spike_value: float | None = None
     spike_age: int = 0
@@ -170,16 +169,11 @@ class LossDivergence(_TrendDetector):
         reference = min(state.minimum, state.baseline) if state.baseline else state.minimum
         if not math.isfinite(reference) or reference <= 0:
             return []
-        if loss > max(2.0 * reference, reference + 2.0):
-            if state.high_streak == 0:
-                state.high_since = record.step
-            state.high_streak += 1
-        else:
-            state.high_streak = 0
-        if state.high_streak >= self._STREAK:
+        high = state.high
+        if high.update(loss > max(2.0 * reference, reference + 2.0), record.step) >= self._STREAK:
             return self.emit(f"loss rose from about {reference:.3g} to {loss:.3g} and stayed above "
-                             f"twice its start for {state.high_streak} logs from step {state.high_since}",
-                             state.high_since, record.rank, baseline=reference, value=loss)
+                             f"twice its start for {high.count} logs from step {high.since}",
+                             high.since, record.rank, baseline=reference, value=loss)
         return []
 
 

@@ -3,26 +3,22 @@ the bare `zero-loss` when nothing tells which. KNOWLEDGE.md §0.3, §1 S4/S6, D1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, sentinel_index
+from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
 
 
 @dataclass
-class _Streak:
-    both_zero: int = 0
-    both_zero_since: int | None = None
-    grad_zero: int = 0
-    grad_zero_since: int | None = None
-    loss_zero: int = 0
-    loss_zero_since: int | None = None
+class _Zeros:
+    both_zero: Streak = field(default_factory=Streak)  # loss and grad_norm both exactly 0
+    grad_zero: Streak = field(default_factory=Streak)  # grad_norm 0, loss finite and non-zero
+    loss_zero: Streak = field(default_factory=Streak)  # loss exactly 0
     seen_nonzero_loss: bool = False
-    seen_grad: bool = False
 
 
 @register
@@ -40,7 +36,7 @@ class MaskedLabels(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Streak)
+        self._state = PerRank(_Zeros)
         self.num_warnings = 0
         self._first_warning_step: int | None = None
 
@@ -61,19 +57,13 @@ class MaskedLabels(DetectorBase):
         loss, grad = record.get("loss"), record.get("grad_norm")
         if loss is None or grad is None:
             return []
-        state = self._state[record.rank]
-        if loss == 0.0 and grad == 0.0:
-            if state.both_zero == 0:
-                state.both_zero_since = record.step
-            state.both_zero += 1
-        else:
-            state.both_zero = 0
-        if state.both_zero >= _STREAK:
+        streak = self._state[record.rank].both_zero
+        if streak.update(loss == 0.0 and grad == 0.0, record.step) >= _STREAK:
             why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
             return self.emit(
-                f"loss and grad_norm are both exactly 0 from step {state.both_zero_since}: no label is "
+                f"loss and grad_norm are both exactly 0 from step {streak.since}: no label is "
                 f"supervised, so there is nothing to learn{why}",
-                state.both_zero_since, record.rank, warnings=self.num_warnings)
+                streak.since, record.rank, warnings=self.num_warnings)
         return []
 
     def finish(self) -> list[Finding]:
@@ -102,7 +92,7 @@ class NoGradientFlow(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Streak)
+        self._state = PerRank(_Zeros)
         self._overflow_steps: set[int] = set()
         self.hints: list[str] = []
 
@@ -114,18 +104,12 @@ class NoGradientFlow(DetectorBase):
         loss, grad = record.get("loss"), record.get("grad_norm")
         if loss is None or grad is None or record.step in self._overflow_steps:
             return []
-        state = self._state[record.rank]
-        if grad == 0.0 and loss != 0.0 and not is_nonfinite(loss):
-            if state.grad_zero == 0:
-                state.grad_zero_since = record.step
-            state.grad_zero += 1
-        else:
-            state.grad_zero = 0
-        if state.grad_zero >= _STREAK:
+        streak = self._state[record.rank].grad_zero
+        if streak.update(grad == 0.0 and loss != 0.0 and not is_nonfinite(loss), record.step) >= _STREAK:
             hint = f" ({'; '.join(self.hints)})" if self.hints else ""
             return self.emit(
-                f"grad_norm is exactly 0 from step {state.grad_zero_since} while the loss is {loss:g}: "
-                f"no trainable parameter receives a gradient{hint}", state.grad_zero_since, record.rank)
+                f"grad_norm is exactly 0 from step {streak.since} while the loss is {loss:g}: "
+                f"no trainable parameter receives a gradient{hint}", streak.since, record.rank)
         return []
 
     def _event(self, record: Record) -> list[Finding]:
@@ -170,29 +154,22 @@ class ZeroLoss(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Streak)
+        self._state = PerRank(_Zeros)
 
     def observe(self, record: Record) -> list[Finding]:
         loss = record.get("loss")
         if record.kind != TRAIN or loss is None:
             return []
         state = self._state[record.rank]
-        grad = record.get("grad_norm")
-        state.seen_grad = state.seen_grad or (grad is not None and grad != 0.0 and sentinel_index(grad) is None)
-        if loss == 0.0:
-            if state.loss_zero == 0:
-                state.loss_zero_since = record.step
-            state.loss_zero += 1
-        else:
-            state.seen_nonzero_loss = True
-            state.loss_zero = 0
+        state.loss_zero.update(loss == 0.0, record.step)
+        state.seen_nonzero_loss = state.seen_nonzero_loss or loss != 0.0
         return []
 
     def finish(self) -> list[Finding]:
         for rank, state in self._state.items():
-            if state.loss_zero >= _STREAK and not state.seen_nonzero_loss:
+            if state.loss_zero.count >= _STREAK and not state.seen_nonzero_loss:
                 return self.emit(
-                    f"loss is exactly 0.0 in every log from step {state.loss_zero_since}: either every label "
+                    f"loss is exactly 0.0 in every log from step {state.loss_zero.since}: either every label "
                     "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "
-                    "with logging_nan_inf_filter=False to tell which", state.loss_zero_since, rank)
+                    "with logging_nan_inf_filter=False to tell which", state.loss_zero.since, rank)
         return []
