@@ -48,14 +48,14 @@ class NonFiniteLoss(DetectorBase):
             return []
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
-            value = record.get(name)
+            value = record.signals.get(name)
             if is_nonfinite(value) and not (skipped and record.kind == TRAIN):
                 where = "evaluation loss" if record.kind == EVAL else name.replace("_", " ")
                 return self._fire(record, f"{where} is {value} at step {record.step}", name, value)
         if record.kind != TRAIN:
             return []
         pending = self._pending[record.rank]
-        grad, loss = record.get("grad_norm"), record.get("loss")
+        grad, loss = record.signals.get("grad_norm"), record.signals.get("loss")
         if is_nonfinite(grad) and not skipped:
             if loss is not None and loss != 0.0 and self._may_skip:
                 if not pending:  # maybe an fp16 skip (a streak of them while the scale calibrates)
@@ -106,13 +106,13 @@ class HiddenNonFinite(DetectorBase):
         self._state = PerRank(_ZeroState)
 
     def observe(self, record: Record) -> list[Finding]:
-        if record.kind == EVAL and is_nonfinite(record.get("eval_loss")):
+        if record.kind == EVAL and is_nonfinite(record.signals.get("eval_loss")):
             for rank, state in self._state.items():
                 if state.zero_since is not None:
                     return self._fire(state, rank, "eval_loss is NaN while the training loss shows 0.0")
             return []
-        loss = record.get("loss")
-        if record.kind != TRAIN or loss is None or record.get("raw_loss") is not None:
+        loss = record.signals.get("loss")
+        if record.kind != TRAIN or loss is None or record.signals.get("raw_loss") is not None:
             return []  # live records carry the raw loss: LOSS001 sees the NaN itself
         state = self._state[record.rank]
         if loss != 0.0:
@@ -125,7 +125,7 @@ class HiddenNonFinite(DetectorBase):
         if state.zero_since is None:
             state.zero_since = record.step
         state.zero_streak += 1
-        grad = record.get("grad_norm")
+        grad = record.signals.get("grad_norm")
         if is_nonfinite(grad):
             return self._fire(state, record.rank, f"grad_norm is {grad} next to it")
         if (k := sentinel_index(grad)) is not None:
@@ -166,7 +166,7 @@ class GradNormSentinel(DetectorBase):
         self._state = PerRank(_SentinelState)
 
     def observe(self, record: Record) -> list[Finding]:
-        grad = record.get("grad_norm")
+        grad = record.signals.get("grad_norm")
         if record.kind != TRAIN or grad is None:
             return []
         state = self._state[record.rank]
@@ -178,7 +178,7 @@ class GradNormSentinel(DetectorBase):
             state.streak += 1
         else:
             state.value, state.streak, state.since = grad, 1, record.step
-        loss = record.get("loss")
+        loss = record.signals.get("loss")
         if state.streak >= self._STREAK or (loss == 0.0 and state.streak >= 1) or is_nonfinite(loss):
             return self.emit(
                 f"grad_norm is {grad} (sqrt({k})) from step {state.since}: DeepSpeed reports sqrt(number of "

@@ -53,22 +53,22 @@ class OverflowStorm(DetectorBase):
             return []
         if record.rank not in (None, 0):
             # Skips are global; another rank only adds its own non-finite loss on a skipped step.
-            raw = record.get("raw_loss")
+            raw = record.signals.get("raw_loss")
             if record.step == self._last_skip_step and self._applied_any and is_nonfinite(raw) \
                     and self._streak >= 2:
                 return self._fire(record.step, f"rank {record.rank}'s loss is {raw} on a skipped step")
             return []
-        skipped = record.get("skipped_steps")
+        skipped = record.signals.get("skipped_steps")
         if skipped is not None:
             grew = self._last_skipped_total is not None and skipped > self._last_skipped_total
             grew = grew or bool(record.data.get("step_skipped"))
             self._last_skipped_total = skipped
             if grew and record.step != self._last_skip_step:
-                return self._skip(record.step, record, record.get("loss_scale"))
+                return self._skip(record.step, record, record.signals.get("loss_scale"))
             if not grew:
                 self._applied(record)
             return []
-        if record.get("loss") is not None and record.step != self._last_skip_step:
+        if record.signals.get("loss") is not None and record.step != self._last_skip_step:
             self._applied(record)
         return self._frozen_lr(record)
 
@@ -86,7 +86,7 @@ class OverflowStorm(DetectorBase):
         return []
 
     def _frozen_lr(self, record: Record) -> list[Finding]:
-        lr, grad, loss = record.get("lr"), record.get("grad_norm"), record.get("loss")
+        lr, grad, loss = record.signals.get("lr"), record.signals.get("grad_norm"), record.signals.get("loss")
         if lr is None:
             return []
         was_moving = len(self._lrs) >= 2 and self._lrs[-1] != self._lrs[-2]
@@ -101,7 +101,7 @@ class OverflowStorm(DetectorBase):
         return []
 
     def _applied(self, record: Record) -> None:
-        loss = record.get("raw_loss") if record.get("raw_loss") is not None else record.get("loss")
+        loss = record.signals.get("raw_loss") if record.signals.get("raw_loss") is not None else record.signals.get("loss")
         if loss is not None and not is_nonfinite(loss) and loss != 0.0:
             self._applied_any = True
             self._streak = 0
@@ -116,7 +116,7 @@ class OverflowStorm(DetectorBase):
         if self._streak == 0:
             self._streak_since = step
         self._streak += 1
-        raw = record.get("raw_loss")
+        raw = record.signals.get("raw_loss")
         if self._applied_any:
             self.midrun_skips += 1
         if self._applied_any and is_nonfinite(raw) and self._streak >= 2:
@@ -184,17 +184,17 @@ class LearningRateZero(DetectorBase):
         if record.kind == EVENT and record.event == "overflow" and record.step is not None:
             self._overflow_steps.add(record.step)
             return []
-        lr = record.get("lr")
+        lr = record.signals.get("lr")
         if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
             return []
         if record.step in self._steps:  # a DeepSpeed `step=` line and an HF dict for the same step
             return []
-        skipped = record.get("skipped_steps")
+        skipped = record.signals.get("skipped_steps")
         step_skipped = bool(record.data.get("step_skipped")) or (
             skipped is not None and self._skipped_total is not None and skipped > self._skipped_total)
-        loss = record.get("loss")
+        loss = record.signals.get("loss")
         # In a log without skip counters, a non-finite grad norm next to a finite loss is a skipped step.
-        step_skipped = step_skipped or (is_nonfinite(record.get("grad_norm")) and loss is not None
+        step_skipped = step_skipped or (is_nonfinite(record.signals.get("grad_norm")) and loss is not None
                                         and loss != 0.0 and not is_nonfinite(loss))
         if skipped is not None:
             self._skipped_total = skipped

@@ -27,7 +27,7 @@ class RankDesync(DetectorBase):
         self._prints: dict[int, float] = {}
 
     def observe(self, record: Record) -> list[Finding]:
-        value = record.get("param_fingerprint")
+        value = record.signals.get("param_fingerprint")
         if record.kind != TRAIN or value is None or record.rank is None:
             return []
         if record.step != self._step:

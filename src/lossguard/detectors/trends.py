@@ -39,9 +39,9 @@ class _Trend:
 def _train_loss(record: Record) -> float | None:
     if record.kind != TRAIN:
         return None
-    loss = record.get("raw_loss")
+    loss = record.signals.get("raw_loss")
     if loss is None:
-        loss = record.get("loss")
+        loss = record.signals.get("loss")
     return None if loss is None or is_nonfinite(loss) else loss
 
 
@@ -113,7 +113,7 @@ class LossNotLearning(_TrendDetector):
         if len(flat.head) < _FLAT_WINDOW:
             flat.head.append(loss)
         flat.tail.append(loss)
-        grad = record.get("grad_norm")
+        grad = record.signals.get("grad_norm")
         if grad is not None and not is_nonfinite(grad):
             flat.grad_sum += grad
             flat.grad_num += 1
@@ -245,9 +245,9 @@ class Memorization(DetectorBase):
         self._state = PerRank(_Tiny)
 
     def observe(self, record: Record) -> list[Finding]:
-        if record.kind == EVAL and record.get("eval_loss") is not None:
+        if record.kind == EVAL and record.signals.get("eval_loss") is not None:
             for _, state in self._state.items():
-                state.eval_loss = record.get("eval_loss")
+                state.eval_loss = record.signals.get("eval_loss")
             return []
         loss = _train_loss(record)
         if loss is None:
@@ -255,7 +255,7 @@ class Memorization(DetectorBase):
         state = self._state[record.rank]
         if state.first is None:
             state.first = loss
-        grad = record.get("grad_norm")
+        grad = record.signals.get("grad_norm")
         # "Tiny" is relative to where the run started (2%), never above an absolute 0.01 floor.
         tiny = max(self._TINY, self._TINY_RELATIVE * state.first)
         if loss < tiny and state.first > 10 * self._TINY:

@@ -49,12 +49,12 @@ class MaskedLabels(DetectorBase):
             return []
         if record.kind != TRAIN:
             return []
-        tokens = record.get("num_label_tokens")
+        tokens = record.signals.get("num_label_tokens")
         if tokens is not None and tokens == 0:
             return self.emit(
                 f"rank {record.rank} had 0 supervised tokens (all labels are -100) at step {record.step}",
                 record.step, record.rank, evidence="num_label_tokens == 0")
-        loss, grad = record.get("loss"), record.get("grad_norm")
+        loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
         if loss is None or grad is None:
             return []
         streak = self._state[record.rank].both_zero
@@ -101,7 +101,7 @@ class NoGradientFlow(DetectorBase):
             return self._event(record)
         if record.kind != TRAIN:
             return []
-        loss, grad = record.get("loss"), record.get("grad_norm")
+        loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
         if loss is None or grad is None or record.step in self._overflow_steps:
             return []
         streak = self._state[record.rank].grad_zero
@@ -157,7 +157,7 @@ class ZeroLoss(DetectorBase):
         self._state = PerRank(_Zeros)
 
     def observe(self, record: Record) -> list[Finding]:
-        loss = record.get("loss")
+        loss = record.signals.get("loss")
         if record.kind != TRAIN or loss is None:
             return []
         state = self._state[record.rank]
