@@ -177,7 +177,7 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | No
             except Exception as exc:  # LossguardHalt: the guard stopped the run on every rank
                 if attachment is None or type(exc).__name__ != "LossguardHalt":
                     raise
-                print(f"[rank{rank}] lossguard halted the run at step {step}", flush=True)
+                _say(f"[rank{rank}] lossguard halted the run at step {step}")
                 steps = step
                 break
             # ZeRO-0 fp32 keeps no global norm: the engine returns None, and a hand-written script prints that.
@@ -186,8 +186,8 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | No
             # A weight checksum per rank: with data parallelism every replica must print the same number.
             param_sum = sum(float(p.detach().float().sum()) for p in engine.module.parameters())
             # Every rank prints its own line: rank-local values are what the rank-desync scenario shows.
-            print(f"[rank{rank}] step {step} loss {loss.item():.6g} grad_norm {grad_norm if grad_norm is None else f'{grad_norm:.6g}'}"
-                  f" param_sum {param_sum:.9g}", flush=True)
+            norm_text = "None" if grad_norm is None else f"{grad_norm:.6g}"
+            _say(f"[rank{rank}] step {step} loss {loss.item():.6g} grad_norm {norm_text} param_sum {param_sum:.9g}")
             if writer is not None:
                 writer.add_scalar("train/loss", loss.item(), step)
                 if grad_norm is not None:
@@ -199,6 +199,13 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | No
         writer.close()
         with open(os.path.join(out, "raw_log.json"), "w") as f:
             json.dump(history, f, indent=1)
+
+
+def _say(line: str) -> None:
+    """One write per line: `print` writes the text and the newline separately, so two ranks sharing
+    stdout could splice their lines together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
