@@ -35,14 +35,11 @@ def load_known_facts(ds_config: str | None, env_file: str | None) -> RunFacts:
             raise UserError(str(exc)) from None
         facts.merge(facts_from_ds_config(config, Path(ds_config).name))
     if env_file:
-        from lossguard.core.versions import parse_versions
+        from lossguard.lint.env import EnvFileError, versions_from_file
 
         try:
-            text = Path(env_file).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise UserError(f"{env_file}: cannot read ({exc.strerror}); pass `pip freeze > env.txt` output") from None
-        found = parse_versions(text)
-        if not found:
-            raise UserError(f"{env_file}: no `name==version` lines found; pass `pip freeze` or `lossguard env` output")
+            found = versions_from_file(env_file)
+        except EnvFileError as exc:
+            raise UserError(str(exc)) from None
         facts.merge(facts_from_versions(found, Path(env_file).name))
     return facts
