@@ -229,7 +229,21 @@ def main(argv: list[str] | None = None) -> int:
         run_raw(scenario, args.out, steps, ds, guard)
     else:
         run_trainer(scenario, args.out, steps, ds, guard)
+    _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """Wait for every rank, then close the process group, like a well-behaved training script.
+
+    Left open, a rank that exits first closes its gloo sockets under a peer that is still writing its
+    results, and the peer can abort at interpreter exit. Only called after a normal finish: a rank that
+    raised never reaches it, so nobody waits at a barrier for a dead peer."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
