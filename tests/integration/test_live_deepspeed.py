@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration.live_helpers import above_info, run_job, signatures_at
@@ -52,3 +54,14 @@ def test_healthy_runs_report_nothing_above_info(ds_runs, scenario):
     summary = ds_runs[1][scenario]
     assert above_info(summary) == []
     assert summary["halted_at"] is None and summary["global_step"] == 8
+
+
+def test_a_rank_whose_events_disk_is_full_still_halts_with_the_others(tmp_path):
+    """Rank 1 cannot write a byte of its events file (ENOSPC). Its sink switches off with one message; the
+    analysis, and so the halt, stay the same on both ranks: neither rank trains on alone into a hang."""
+    summaries, log = run_job("ds_job.py", tmp_path, ["z2-nan-bf16-disk-full"], timeout_s=300)
+    ranks = [json.loads((tmp_path / "z2-nan-bf16-disk-full" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1], ranks
+    assert ranks[0]["halted_at"] in (FAULT_STEP, FAULT_STEP + 1) and not ranks[0]["disabled"]
+    assert "events-rank1.jsonl" in log and "No space left on device" in log
+    assert "nonfinite" in signatures_at(summaries["z2-nan-bf16-disk-full"], FAULT_STEP)

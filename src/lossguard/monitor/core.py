@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import traceback
 from typing import Any
 
@@ -22,7 +21,15 @@ from lossguard.core.findings import Finding
 from lossguard.core.records import Record, event
 from lossguard.monitor import dist, tensors
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
-from lossguard.monitor.sinks import JsonlSink, Webhook, at_least, finding_line, format_finding, record_line
+from lossguard.monitor.sinks import (
+    JsonlSink,
+    Webhook,
+    at_least,
+    finding_line,
+    format_finding,
+    record_line,
+    say,
+)
 
 # Slots of the per-rank vector, then `num_lr` learning rates, then one update ratio per module group.
 RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR, PRESENT = range(9)
@@ -292,7 +299,7 @@ class Monitor:
             if self.jsonl is not None:
                 self.jsonl.write(finding_line(finding))
             if self.rank == 0 and self.options.console and at_least(finding, self.options.console_min_severity):
-                print(format_finding(finding), file=sys.stderr, flush=True)
+                say(format_finding(finding))
             if self.webhook is not None and at_least(finding, self.options.webhook_min_severity):
                 self.webhook.send(format_finding(finding))
 
@@ -302,7 +309,7 @@ class Monitor:
         if self.jsonl is not None:
             self.jsonl.write({"type": "halt", "step": step, "codes": [f.code for f in hits]})
         if self.rank == 0:
-            print(text, file=sys.stderr, flush=True)
+            say(text)
             if self.webhook is not None:
                 self.webhook.send(text)
 
@@ -325,7 +332,7 @@ class Monitor:
             self.jsonl.write(record_line(event("internal-error", step, self.rank, ranks=ranks,
                                                detail=self._local_error)))
         if self.rank == min(ranks):  # reported once, by the rank that knows the detail
-            print(text, file=sys.stderr, flush=True)
+            say(text)
 
 
 class _Reported(Exception):

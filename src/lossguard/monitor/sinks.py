@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -59,24 +60,53 @@ def format_finding(finding: Finding) -> str:
 
 class JsonlSink:
     """`events-rank{r}.jsonl`, append-only; one `write()` per line on an unbuffered file, so a reader
-    (or a crash) never sees a torn line."""
+    (or a crash) never sees a torn line.
+
+    A sink that cannot write (disk full, permission, a vanished mount) says so once on stderr and switches
+    itself off: a write error must neither raise into the training loop nor change what this rank
+    analyses, or its halt decision could differ from the other ranks' and leave them waiting in a
+    collective."""
 
     def __init__(self, directory: str | Path, rank: int, header: dict[str, Any]) -> None:
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self.path = path / f"events-rank{rank}.jsonl"
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.path = Path(directory) / f"events-rank{rank}.jsonl"
+        self.failed: str | None = None
+        self._fd = -1
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            self._give_up(exc)
         self.write({"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "rank": rank,
                     "time": time.time(), **header})
 
     def write(self, obj: dict[str, Any]) -> None:
+        if self._fd < 0:
+            return
         data = (json.dumps(_clean(obj), separators=(",", ":")) + "\n").encode()
-        os.write(self._fd, data)
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):  # a short write on a full disk: the line is torn, stop here
+                raise OSError(f"short write ({written} of {len(data)} bytes)")
+        except OSError as exc:
+            self._give_up(exc)
+
+    def _give_up(self, exc: OSError) -> None:
+        self.failed = f"{type(exc).__name__}: {exc}"
+        say(f"lossguard: cannot write events to {self.path} ({self.failed}); this rank's events file stops "
+            f"here, live analysis and halting go on. Free space or point events_dir elsewhere.")
+        self.close()
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
             self._fd = -1
+
+
+def say(text: str) -> None:
+    """A line on stderr that can never raise into training (stderr closed, a broken pipe)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
 
 
 class Webhook:

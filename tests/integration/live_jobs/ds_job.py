@@ -31,7 +31,7 @@ def run(out_dir: str, name: str) -> None:
     rank = tiny.rank()
     kw: dict = {}
     ga = 2 if fault == "healthy-ga" else 1
-    if fault == "nan-bf16":
+    if fault.startswith("nan-bf16"):
         kw.update(bf16=True, check_grad_overflow=False)
     if fault in ("fp16-storm", "healthy-fp16"):
         kw.update(fp16=True, initial_scale_power=32 if fault == "healthy-fp16" else 16)
@@ -62,6 +62,10 @@ def run(out_dir: str, name: str) -> None:
 
     work = os.path.join(out_dir, name)
     ckpt = os.path.join(work, "ckpt")
+    if fault == "nan-bf16-disk-full" and rank == 1:
+        # This rank's events file is /dev/full: every write fails with ENOSPC, as on a node whose disk filled.
+        os.makedirs(os.path.join(work, "events"), exist_ok=True)
+        os.symlink("/dev/full", os.path.join(work, "events", "events-rank1.jsonl"))
     guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="warning",
                              fingerprint_every=1, halt_checkpoint_dir=ckpt, detectors=None)
     data = tiny.Tokens()
@@ -78,7 +82,7 @@ def run(out_dir: str, name: str) -> None:
                     labels[:] = -100
                 out = engine(input_ids=batch, labels=labels)
                 loss = out.loss
-                if fault == "nan-bf16" and rank == 1 and step == FAULT_STEP:
+                if fault.startswith("nan-bf16") and rank == 1 and step == FAULT_STEP:
                     loss = loss * float("inf")
                 engine.backward(loss)
                 engine.step()
@@ -89,6 +93,8 @@ def run(out_dir: str, name: str) -> None:
     except lossguard.LossguardHalt as halt:
         halted = halt.step
     guard.detach()
+    with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:  # what each rank decided, for agreement
+        json.dump({"halted_at": halted, "global_step": engine.global_steps, "disabled": guard.monitor.disabled}, fh)
     if rank == 0:
         findings = [f.to_dict() for f in guard.monitor._emitted]
         with open(os.path.join(work, "summary.json"), "w") as fh:
