@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lossguard.probe.launch import free_port
+
 JOBS = Path(__file__).parent / "live_jobs"
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -16,7 +18,9 @@ def run_job(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) 
     env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     env.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(JOBS / script), str(out), *scenarios],
+    # A fresh port, never torchrun's default 29500: a job that outlived its test must not meet the next one.
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                           "--master_port", str(free_port()), str(JOBS / script), str(out), *scenarios],
                           env=env, capture_output=True, text=True, timeout=timeout_s)
     log = proc.stdout + proc.stderr
     (out / f"{script}.log").write_text(log)
@@ -35,11 +39,7 @@ def signatures_at(summary: dict, step: int) -> set[str]:
 def run_job_two_nodes(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) -> dict[str, dict]:
     """The same job launched as two nodes of one rank each: two torchrun agents on this machine meeting
     at a static rendezvous, the way a multi-node launch starts (node_rank 0 and 1)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     env.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     torchrun = Path(sys.executable).parent / "torchrun"
