@@ -65,3 +65,14 @@ def test_a_rank_whose_events_disk_is_full_still_halts_with_the_others(tmp_path):
     assert ranks[0]["halted_at"] in (FAULT_STEP, FAULT_STEP + 1) and not ranks[0]["disabled"]
     assert "events-rank1.jsonl" in log and "No space left on device" in log
     assert "nonfinite" in signatures_at(summaries["z2-nan-bf16-disk-full"], FAULT_STEP)
+
+
+def test_a_rank_failing_after_the_halt_decision_still_halts_with_the_others(tmp_path):
+    """Rank 1's parameter snapshot raises at the very step the guard decides to halt. The decision is made
+    before that work, so both ranks halt together; before, rank 1 trained on alone and hung."""
+    name = "z2-nan-bf16-snapshot-fails"
+    summaries, log = run_job("ds_job.py", tmp_path, [name], timeout_s=300)
+    ranks = [json.loads((tmp_path / name / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["halted_at"] == ranks[1]["halted_at"] == FAULT_STEP, ranks
+    assert "injected snapshot failure" in (tmp_path / name / "events" / "events-rank1.jsonl").read_text() or \
+        "injected snapshot failure" in log

@@ -37,7 +37,8 @@ NUM_BASE = 9
 # Bits of the PRESENT slot: which optional signals this rank measured at this step.
 HAS_LOSS, HAS_LABELS, HAS_GRAD_NORM, HAS_SCALE, HAS_SKIPPED, HAS_PRINT, HAS_UPDATE, HAS_LR = (1 << i for i in range(8))
 
-# Testing aid: "STEP:RANK" makes that rank's collection raise once at that step.
+# Testing aid: "STEP:RANK" makes that rank's collection raise once at that step; "STEP:RANK:snapshot" makes
+# its parameter snapshot for the next step raise instead (work after the halt decision).
 INJECT_ERROR_ENV = "LOSSGUARD_INJECT_INTERNAL_ERROR"
 
 
@@ -126,22 +127,31 @@ class Monitor:
         if failed:
             self._disable(step, [r for r, _ in failed])
             return False
+        # The halt decision depends only on the gathered rows, the same on every rank. Work that can fail on
+        # one rank alone (the next step's parameter snapshot, out of memory) comes after it and cannot
+        # change it: a rank that decided differently would train on while the others wait in a collective.
+        hits: list[Finding] = []
         try:
             records: list[Record] = []
             if first:
                 for rank_events in gathered_events:
                     records.extend(rank_events or [])
             records.extend(self._records(step, rows))
-            new = self._emit_records(records)
-            if self._scheduled(step + 1):
-                self.updates.snapshot()
-            hits = should_halt(self.rules, new)
-            if hits and self.halted_at is None:
-                self.halted_at = step
-                self._announce_halt(step, hits)
-                return True
+            hits = should_halt(self.rules, self._emit_records(records))
         except Exception as exc:
             self._fail(exc, "analysis")
+        if self._scheduled(step + 1):
+            try:
+                if self._inject == (step, self.rank, "snapshot"):
+                    self._inject = None
+                    raise MemoryError(f"injected snapshot failure ({INJECT_ERROR_ENV})")
+                self.updates.snapshot()
+            except Exception as exc:
+                self._fail(exc, "update snapshot")
+        if hits and self.halted_at is None:
+            self.halted_at = step
+            self._announce_halt(step, hits)
+            return True
         return False
 
     def close(self) -> list[Finding]:
@@ -158,6 +168,14 @@ class Monitor:
                 self._publish(new)
         except Exception as exc:
             self._fail(exc, "finish")
+        if self._local_error is not None and not self.disabled:
+            # Failed after the last gather (or in `finish`): no later step will carry it to the other
+            # ranks, so this rank reports it itself, once.
+            if self.jsonl is not None:
+                self.jsonl.write(record_line(event("internal-error", self.halted_at, self.rank, ranks=[self.rank],
+                                                   detail=self._local_error)))
+            say(f"lossguard: internal error on rank {self.rank} ({self._local_error}); the run's findings "
+                f"stand. Please report this.")
         if self.jsonl is not None:
             self.jsonl.write({"type": "end", "halted_at": self.halted_at, "disabled": self.disabled})
             self.jsonl.close()
@@ -193,7 +211,7 @@ class Monitor:
         try:
             if self._local_error:
                 raise _Reported()
-            if self._inject == (step, self.rank):
+            if self._inject == (step, self.rank, "collection"):
                 self._inject = None
                 raise RuntimeError(f"injected internal error ({INJECT_ERROR_ENV})")
             return self._build_vector(step, micro, grad_norm, lrs, loss_scale, skipped)
@@ -339,8 +357,9 @@ class _Reported(Exception):
     """The local error was already recorded; only the error slot needs sending."""
 
 
-def _parse_inject(text: str | None) -> tuple[int, int] | None:
+def _parse_inject(text: str | None) -> tuple[int, int, str] | None:
     if not text:
         return None
-    step, _, rank = text.partition(":")
-    return int(step), int(rank or 0)
+    step, _, rest = text.partition(":")
+    rank, _, phase = rest.partition(":")
+    return int(step), int(rank or 0), phase or "collection"

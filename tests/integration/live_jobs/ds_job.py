@@ -33,6 +33,8 @@ def run(out_dir: str, name: str) -> None:
     ga = 2 if fault == "healthy-ga" else 1
     if fault.startswith("nan-bf16"):
         kw.update(bf16=True, check_grad_overflow=False)
+    if fault == "nan-bf16-snapshot-fails":  # rank 1's work after the halt decision raises at the fault step
+        os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1:snapshot"
     if fault in ("fp16-storm", "healthy-fp16"):
         kw.update(fp16=True, initial_scale_power=32 if fault == "healthy-fp16" else 16)
     model = tiny.tiny_gpt2()
@@ -93,6 +95,7 @@ def run(out_dir: str, name: str) -> None:
     except lossguard.LossguardHalt as halt:
         halted = halt.step
     guard.detach()
+    os.environ.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:  # what each rank decided, for agreement
         json.dump({"halted_at": halted, "global_step": engine.global_steps, "disabled": guard.monitor.disabled}, fh)
     if rank == 0:
