@@ -128,8 +128,11 @@ def load_arms_file(path: str | Path) -> list[Arm]:
         else:
             data = json.loads(text)
     except Exception as exc:
-        raise ArmsError(f"{path}: not valid {'YAML' if path.suffix.lower() in ('.yaml', '.yml') else 'JSON'}: "
-                        f"{exc}".splitlines()[0]) from None
+        kind = "YAML" if path.suffix.lower() in (".yaml", ".yml") else "JSON"
+        where = (f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError)
+                 else str(exc).splitlines()[0])
+        raise ArmsError(f"{path}: not valid {kind} ({where}); fix the syntax: the file is a list of "
+                        '{"name": ..., "changes": {"dotted.key": value}}') from None
     if isinstance(data, dict) and "arms" in data:
         data = data["arms"]
     if not isinstance(data, list) or not data:

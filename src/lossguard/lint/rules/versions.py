@@ -33,6 +33,7 @@ class TorchCudnnSdpa(Rule):
         Example({}, valid=False, env={"torch": "2.5.0"}),
         Example({}, valid=False, env={"torch": "2.13.0+cu128"}, note="info on >= 2.9"),
         Example({}, valid=True, env={"torch": "2.5.1"}),
+        Example({}, valid=True, env={"torch": "2.13.0+cpu"}, note="a CPU build has no cuDNN"),
         Example({}, valid=True),
     )
 
@@ -42,7 +43,7 @@ class TorchCudnnSdpa(Rule):
         if ctx.in_range("torch", "2.5.0", "2.5.1"):
             yield self.finding(ctx, f"torch {version} enables cuDNN SDPA by default on H100: NaN gradients from the first "
                                "step (pytorch #138649)", "env.torch", fix=fix)
-        elif ctx.in_range("torch", "2.9.0"):
+        elif ctx.in_range("torch", "2.9.0") and not str(version).endswith("+cpu"):  # a CPU build has no cuDNN
             yield self.finding(ctx, f"torch {version} uses cuDNN SDPA by default on SM90/SM100 (H100/H200/B200), with "
                                "shape-dependent NaN gradient bugs; disable it if NaN appears", "env.torch", fix=fix,
                                severity=Severity.INFO)
