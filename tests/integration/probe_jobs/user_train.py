@@ -63,6 +63,10 @@ def main() -> None:
         grad_norm = engine.get_global_grad_norm()
         if rank == 0:
             print(f"step {step} loss {loss.item():.5g} grad_norm {float(grad_norm):.5g}", flush=True)
+    # A well-behaved script closes its process group. Left to interpreter exit, torch 2.13 + gloo on CPU now
+    # and then aborts a rank after the last step ("terminate called without an active exception").
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

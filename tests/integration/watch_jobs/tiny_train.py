@@ -125,6 +125,11 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("TMPDIR", "/tmp") + "/tiny_train_out")
     args = parser.parse_args()
     run_trainer(args) if args.mode == "trainer" else run_raw(args)
+    # Close the process group before exit: left to interpreter exit, torch 2.13 + gloo on CPU now and then
+    # aborts a rank after the last step ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
