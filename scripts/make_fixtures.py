@@ -6,10 +6,7 @@ config, expected signature and onset, return code, date).
 
     PYTHONPATH=src python scripts/make_fixtures.py                # the default set
     PYTHONPATH=src python scripts/make_fixtures.py bf16-nan ...    # only these
-    PYTHONPATH=src python scripts/make_fixtures.py --out tests/fixtures/real_hard label-leakage healthy-vlm-stage1
-
-tests/fixtures/real_hard/ holds real runs that lossguard does not read right yet, kept apart so the analyze
-tests over tests/fixtures/real stay a statement of what works.
+    PYTHONPATH=src python scripts/make_fixtures.py --out DIR NAME ...   # somewhere else
 """
 
 from __future__ import annotations

@@ -34,7 +34,19 @@ def build_model(scenario: Scenario) -> torch.nn.Module:
     spec = dict(scenario.model)
     kind = spec.pop("kind", "gpt2")
     if kind == "vlm":
-        return TinyVLM(**spec)
+        pretrain_steps = spec.pop("pretrain_lm_steps", 0)
+        model = TinyVLM(**spec)
+        if pretrain_steps:
+            from lossguard.probe.model import pretrain_lm
+
+            samples = data_mod.build_dataset(log=lambda *_a, **_k: None, num_samples=64, max_length=48,
+                                             **scenario.data)
+            generator = torch.Generator().manual_seed(11)
+            batches = (data_mod.collate([samples[int(i)] for i in torch.randint(0, len(samples), (8,),
+                                                                                  generator=generator)])
+                       for _ in range(pretrain_steps))
+            pretrain_lm(model.lm, batches, pretrain_steps)
+        return model
     model = tiny_gpt2()
     if kind == "lora":
         from peft import LoraConfig, get_peft_model
