@@ -109,6 +109,19 @@ def test_zero_stages_agree_on_healthy_config(tmp_path):
     assert "agree within tolerance" in report["verdict"]
 
 
+def test_a_rank_aborting_at_shutdown_is_not_a_dead_arm(tmp_path):
+    """Rank 1 aborts (SIGABRT) after the last asked step, as torch + gloo sometimes does at interpreter exit:
+    the arms survive, and the note says the job crashed at shutdown with its exit code."""
+    config = write(tmp_path / "fp32.json", {"zero_optimization": {"stage": 2}, "gradient_clipping": 1.0})
+    arms = _text(tmp_path / "arms.yaml", "- {name: zero1, changes: {zero_optimization.stage: 1}}\n")
+    rc, report = probe_json(str(config), "--arms", str(arms), "--steps", "4",
+                            "--cmd", LAUNCH + " --steps {steps} --inf-step 0 --abort-at-exit")
+    assert rc == 0
+    for arm in report["arms"]:
+        assert arm["verdict"] == "survives" and arm["returncode"] != 0, arm
+        assert "after its last step (4): a crash at shutdown" in arm["note"], arm
+
+
 @pytest.mark.slow
 def test_builtin_zero_stages_agree(tmp_path):
     config = write(tmp_path / "fp32.json", {"zero_optimization": {"stage": 2}})

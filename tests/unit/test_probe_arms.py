@@ -50,14 +50,25 @@ def test_arms_file(tmp_path):
         load_arms_file(path)
 
 
-def _outcome(name, changes, losses, rc=0, signature=None, onset=None, verdict="healthy"):
+def _outcome(name, changes, losses, rc=0, signature=None, onset=None, verdict="healthy", expected_steps=None):
     from lossguard.probe.arms import Arm
 
     series = {"loss": {"rank0": list(enumerate(losses, 1))}}
     diagnosis = SimpleNamespace(signature=signature, onset_step=onset, verdict=verdict,
                                 result=SimpleNamespace(series=SimpleNamespace(to_dict=lambda: series)))
     run = SimpleNamespace(returncode=rc, timed_out=False, last_step=len(losses))
-    return judge(Arm(name, changes), run, diagnosis)
+    return judge(Arm(name, changes), run, diagnosis, expected_steps)
+
+
+def test_a_crash_after_the_last_asked_step_is_a_shutdown_crash_not_a_death():
+    nan = math.nan
+    teardown = _outcome("z1", {}, [4.0, 3.9, 3.8], rc=1, expected_steps=3)
+    assert teardown.verdict == "survives" and "exited 1 after its last step (3)" in teardown.note
+    assert teardown.returncode == 1
+    # Not when probe does not know how many steps were asked, nor before the last one, nor for a dead loss.
+    assert _outcome("z1", {}, [4.0, 3.9, 3.8], rc=1).signature == "crash"
+    assert _outcome("z1", {}, [4.0, 3.9], rc=1, expected_steps=3).verdict == "dies"
+    assert _outcome("z1", {}, [4.0, nan, nan], rc=1, expected_steps=3).verdict == "dies"
 
 
 def test_judge_and_verdict_line():

@@ -99,6 +99,8 @@ def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None
     if steps is None and cmd is None:
         steps = 20
     spec = JobSpec(cmd=cmd, workload=workload, steps=steps, nproc=nproc, timeout_s=timeout_s)
+    # The step count each arm must reach, when probe sets it (the built-in workload, or `{steps}` in --cmd).
+    expected_steps = steps if cmd is None or "{steps}" in cmd else None
     work_dir = Path(report_dir) if report_dir is not None else Path(tempfile.mkdtemp(prefix="lossguard-probe-"))
     arms_dir = work_dir / "arms"
     arms_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +109,7 @@ def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None
         arm_dir = arms_dir / f"{index:02d}-{_slug(arm.name)}"
         show = progress_printer(index, len(arm_list), arm.name, steps) if show_progress else None
         run = run_arm(arm, arm.config(config), arm_dir, spec, progress=show)
-        return judge(arm, run, _diagnose(run))
+        return judge(arm, run, _diagnose(run), expected_steps)
 
     if parallel:
         with ThreadPoolExecutor(max_workers=len(arm_list)) as pool:

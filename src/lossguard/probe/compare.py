@@ -89,14 +89,23 @@ def _dead_from(loss: Trajectory) -> int | None:
     return onset
 
 
-def judge(arm: Arm, run: Any, diagnosis: Any) -> ArmOutcome:
+def judge(arm: Arm, run: Any, diagnosis: Any, expected_steps: int | None = None) -> ArmOutcome:
+    """`expected_steps`: the step count the job was asked to run, when probe knows it (built-in workload,
+    or `{steps}` in --cmd). A job that reached it with a live loss and only then exited non-zero crashed at
+    shutdown (torch + gloo, or an NCCL watchdog, can abort a rank at interpreter exit): the arm survives,
+    with the exit code in its note, so a teardown crash is not taken for the config killing training."""
     series = diagnosis.result.series.to_dict() if diagnosis is not None else {}
     loss, grad = trajectories(series)
     signature = getattr(diagnosis, "signature", None)
     onset = getattr(diagnosis, "onset_step", None)
     broken = getattr(diagnosis, "verdict", None) == "broken"
     dead_from = _dead_from(loss)
-    if run.timed_out or run.returncode != 0:
+    exit_note = ""
+    finished = (expected_steps is not None and run.last_step is not None and run.last_step >= expected_steps
+                and bool(loss) and dead_from is None and not (broken and signature not in TRANSIENT))
+    if run.returncode != 0 and not run.timed_out and finished:
+        exit_note = f"the job exited {run.returncode} after its last step ({run.last_step}): a crash at shutdown"
+    elif run.timed_out or run.returncode != 0:
         why = "timeout" if run.timed_out else "crash"
         return ArmOutcome(arm, "dies", signature or why, onset if signature else (dead_from or run.last_step),
                           run.returncode, loss, grad, note=f"job ended with {why} (exit {run.returncode})",
@@ -110,10 +119,10 @@ def judge(arm: Arm, run: Any, diagnosis: Any) -> ArmOutcome:
                           diagnosis=diagnosis, run=run)
     if broken and signature not in TRANSIENT:
         return ArmOutcome(arm, "dies", signature, onset, run.returncode, loss, grad, diagnosis=diagnosis, run=run)
-    note = ""
+    notes = [exit_note] if exit_note else []
     if signature is not None:
-        note = f"{signature} at step {onset}, recovered: loss finite to the end (step {max(loss)})"
-    return ArmOutcome(arm, "survives", signature, onset, run.returncode, loss, grad, note=note,
+        notes.append(f"{signature} at step {onset}, recovered: loss finite to the end (step {max(loss)})")
+    return ArmOutcome(arm, "survives", signature, onset, run.returncode, loss, grad, note="; ".join(notes),
                       diagnosis=diagnosis, run=run)
 
 

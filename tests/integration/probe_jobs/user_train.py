@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--deepspeed_config", required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--inf-step", type=int, default=3)
+    parser.add_argument("--abort-at-exit", action="store_true")
     args = parser.parse_args()
     with open(args.deepspeed_config) as f:
         config = json.load(f)
@@ -67,6 +68,8 @@ def main() -> None:
     # and then aborts a rank after the last step ("terminate called without an active exception").
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    if args.abort_at_exit and rank == 1:
+        os.abort()  # a rank dying at shutdown, after the training itself finished
 
 
 if __name__ == "__main__":
