@@ -6,8 +6,6 @@ the same weights and a healthy twin differs from its faulty run only by the faul
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -93,24 +91,20 @@ class TinyVLM(nn.Module):
         return self.lm(inputs_embeds=embeds, labels=labels, attention_mask=attention_mask, **kwargs)
 
 
-def pretrain_lm(lm: nn.Module, batches, steps: int, lr: float = 1e-2, seed: int = 0) -> float:
+def pretrain_lm(lm: nn.Module, batches, steps: int, lr: float = 1e-2, seed: int = 0) -> None:
     """Train the LM alone on text for `steps` batches, the pretrained LLM a LLaVA stage 1 starts from; the
-    module's `requires_grad` flags are restored afterwards. Deterministic: every rank gets the same weights.
-    Returns the last batch's loss."""
+    module's `requires_grad` flags are restored afterwards. Deterministic: every rank gets the same weights."""
     flags = [p.requires_grad for p in lm.parameters()]
     lm.requires_grad_(True)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(lm.parameters(), lr=lr)
-    loss = math.nan
     for _, batch in zip(range(steps), batches):
         out = lm(input_ids=batch["input_ids"], labels=batch["labels"], attention_mask=batch["attention_mask"])
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
-        loss = out.loss.item()
     for param, flag in zip(lm.parameters(), flags):
         param.requires_grad_(flag)
-    return loss
 
 
 def trainable_names(model: nn.Module) -> list[str]:

@@ -39,8 +39,7 @@ def build_model(scenario: Scenario) -> torch.nn.Module:
         if pretrain_steps:
             from lossguard.probe.model import pretrain_lm
 
-            samples = data_mod.build_dataset(log=lambda *_a, **_k: None, num_samples=64, max_length=48,
-                                             **scenario.data)
+            samples = data_mod.build_dataset(log=lambda *_a, **_k: None, **_data_spec(scenario))
             generator = torch.Generator().manual_seed(11)
             batches = (data_mod.collate([samples[int(i)] for i in torch.randint(0, len(samples), (8,),
                                                                                   generator=generator)])
@@ -68,10 +67,15 @@ def build_model(scenario: Scenario) -> torch.nn.Module:
     return model
 
 
-def build_data(scenario: Scenario, split: str = "train") -> list[dict]:
+def _data_spec(scenario: Scenario, split: str = "train") -> dict:
     spec = {"num_samples": 64, "max_length": 48, **scenario.data}
     if split == "eval":
         spec = {**spec, "num_samples": 16, "seed": 1000}
+    return spec
+
+
+def build_data(scenario: Scenario, split: str = "train") -> list[dict]:
+    spec = _data_spec(scenario, split)
     # Only rank 0 prints the preprocessing warnings, like a LLaVA run launched on one node shows them once.
     log = print if _rank() == 0 else (lambda *_a, **_k: None)
     samples = data_mod.build_dataset(log=log, **spec)
