@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+from lossguard.core.batch import Batch, batchable
 from lossguard.core.detector import Detector, make_detectors
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Finding, Severity
@@ -19,6 +20,10 @@ from lossguard.core.series import SeriesBook
 _CONTEXT_BEFORE = 6
 _CONTEXT_AFTER = 6
 _MAX_FINDINGS = 500  # per code; a dead run can raise one finding per step for a million steps
+# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one
+# `absorb` call per detector) is noise, small enough that a batch with one odd record sends few
+# records down the per-record path.
+_BATCH = 512
 
 
 @dataclass(slots=True)
@@ -62,11 +67,7 @@ class Engine:
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, record: Record) -> list[Finding]:
-        if not self._started:
-            self._started = True
-            known = self.facts.known()
-            if known:  # facts the caller knew up front (--config, --env) reach detectors as an event
-                self.feed(Record(step=None, kind=EVENT, event="facts", data=known, source="given"))
+        self._start()
         self._account(record)
         new: list[Finding] = []
         for detector in self._route(record):
@@ -93,8 +94,63 @@ class Engine:
         return route
 
     def feed_all(self, records) -> None:
+        """Every record, with the same findings and detector state as `feed` one by one; runs of plain
+        train records go through `Batch` (see core/batch.py), which is what makes a big log fast."""
+        run: list[Record] = []
         for record in records:
+            if batchable(record):
+                if run and (len(run) >= _BATCH or record.rank != run[0].rank):
+                    self._feed_batch(run)
+                    run = []
+                run.append(record)
+                continue
+            if run:
+                self._feed_batch(run)
+                run = []
             self.feed(record)
+        if run:
+            self._feed_batch(run)
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            known = self.facts.known()
+            if known:  # facts the caller knew up front (--config, --env) reach detectors as an event
+                self.feed(Record(step=None, kind=EVENT, event="facts", data=known, source="given"))
+
+    def _feed_batch(self, records: list[Record]) -> None:
+        self._start()
+        batch = Batch(records)
+        self._account_batch(batch)
+        names = batch.columns.keys()
+        declined: set[int] = set()
+        for detector in self.detectors:
+            wants = getattr(detector, "wants", None)
+            if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
+                continue
+            absorb = getattr(detector, "absorb", None)
+            try:
+                if absorb is not None and absorb(batch):
+                    continue
+            except Exception as exc:  # as in `feed`: reported once, the detector switched off
+                self._collect([self._internal_error(detector, exc)])
+                continue
+            declined.add(id(detector))
+        if not declined:
+            self._keep_run(records)
+            return
+        # Some detector saw something: those detectors take the records one by one, in order.
+        for record in records:
+            new: list[Finding] = []
+            for detector in self._route(record):
+                if id(detector) not in declined or detector.code in self._broken:
+                    continue
+                try:
+                    new.extend(detector.observe(record))
+                except Exception as exc:
+                    new.append(self._internal_error(detector, exc))
+            self._keep(record, new)
+            self._collect(new)
 
     def finish(self) -> EngineResult:
         new: list[Finding] = []
@@ -151,6 +207,39 @@ class Engine:
             stats.steps_are_ordinal = stats.steps_are_ordinal or record.step_is_ordinal
             for name, value in record.signals.items():
                 self.series.add(name, record.rank, record.step, value)
+
+    def _account_batch(self, batch: Batch) -> None:
+        """`_account` for a run of train records (one rank, numbers only)."""
+        stats, records = self.stats, batch.records
+        sources = {r.source for r in records}
+        if len(sources) == 1:
+            stats.sources[records[0].source] += len(records)
+        else:
+            stats.sources.update(r.source for r in records)
+        if batch.rank is not None:
+            stats.ranks.add(batch.rank)
+        stats.num_train += len(records)
+        if stats.first_step is None:
+            stats.first_step = records[0].step
+        top = max(batch.steps)
+        stats.last_step = top if stats.last_step is None else max(stats.last_step, top)
+        stats.steps_are_ordinal = stats.steps_are_ordinal or any(r.step_is_ordinal for r in records)
+        for name, column in batch.columns.items():
+            if None in column:
+                steps = [s for s, v in zip(batch.steps, column) if v is not None]
+                column = [v for v in column if v is not None]
+            else:
+                steps = batch.steps
+            self.series.add_many(name, batch.rank, steps, column)
+
+    def _keep_run(self, records: list[Record]) -> None:
+        """`_keep` for records that raised no finding."""
+        if self._window is None:
+            self._recent.extend(records)
+        elif self._after_left > 0:
+            taken = records[: self._after_left]
+            self._window.extend(taken)
+            self._after_left -= len(taken)
 
     def _keep(self, record: Record, new: list[Finding]) -> None:
         if record.kind == EVENT and record.event == "facts":

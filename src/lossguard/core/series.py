@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from lossguard.core.batch import all_finite
+
 
 @dataclass(slots=True)
 class Downsampled:
@@ -31,6 +33,27 @@ class Downsampled:
                 self.stride *= 2
         self.seen += 1
 
+    def add_many(self, steps: list[int], values: list[float]) -> None:
+        """`add` for each pair, jumping straight to the points it keeps when every value is finite."""
+        if not all_finite(values):
+            for step, value in zip(steps, values):
+                self.add(step, value)
+            return
+        i, size = 0, len(values)
+        while i < size:
+            gap = -self.seen % self.stride  # values until the next kept one
+            if i + gap >= size:
+                self.seen += size - i
+                return
+            i += gap
+            self.seen += gap
+            self.points.append((steps[i], values[i]))
+            if len(self.points) >= self.capacity:
+                self.points = self.points[::2]
+                self.stride *= 2
+            self.seen += 1
+            i += 1
+
 
 @dataclass(slots=True)
 class SeriesBook:
@@ -45,6 +68,13 @@ class SeriesBook:
         if line is None:
             line = self.series[key] = Downsampled(capacity=self.capacity)
         line.add(step, value)
+
+    def add_many(self, signal: str, rank: int | None, steps: list[int], values: list[float]) -> None:
+        key = (signal, rank)
+        line = self.series.get(key)
+        if line is None:
+            line = self.series[key] = Downsampled(capacity=self.capacity)
+        line.add_many(steps, values)
 
     def to_dict(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
         out: dict[str, dict[str, list[tuple[int, float]]]] = {}

@@ -76,6 +76,14 @@ class PerRank(Generic[S]):
             state = self._states[rank] = self._factory()
         return state
 
+    def peek(self, rank: int | None) -> S | None:
+        """The rank's state if it has one, without creating it (the batch path must not leave state that
+        one-by-one feeding would not have)."""
+        return self._states.get(rank)
+
+    def put(self, rank: int | None, state: S) -> None:
+        self._states[rank] = state
+
     def items(self):
         return self._states.items()
 

@@ -3,8 +3,10 @@ DeepSpeed's grad-norm sentinels). KNOWLEDGE.md §0.1, §0.4, §0.6."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from lossguard.core.batch import Batch, all_finite
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
@@ -68,6 +70,15 @@ class NonFiniteLoss(DetectorBase):
         if grad is not None and not is_nonfinite(grad):
             pending.clear()
         return []
+
+    def absorb(self, batch: Batch) -> bool:
+        # Nothing non-finite and no non-finite norm waiting for the next loss: `observe` would only
+        # have given the rank its (empty) pending list.
+        if self._pending.peek(batch.rank) or not all(
+                all_finite(batch.column(name)) for name in ("raw_loss", "loss", "eval_loss", "grad_norm")):
+            return False
+        self._pending[batch.rank]
+        return True
 
     def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
         pending = self._pending[record.rank]
@@ -135,6 +146,18 @@ class HiddenNonFinite(DetectorBase):
             return self._fire(state, record.rank, f"{state.zero_streak} logs in a row are exactly 0.0")
         return []
 
+    def absorb(self, batch: Batch) -> bool:
+        losses = batch.column("loss")
+        if "raw_loss" in batch.columns or 0.0 in losses:
+            return False  # an exact zero is this detector's business; raw losses are rare (live files)
+        if losses.count(None) == len(losses):
+            return True
+        state = self._state[batch.rank]
+        last = next((v for v in reversed(losses) if v is not None and math.isfinite(v)), None)
+        if last is not None:
+            state.last_finite, state.zero_since, state.zero_streak = last, None, 0
+        return True
+
     def _fire(self, state: _ZeroState, rank: int | None, why: str) -> list[Finding]:
         return self.emit(
             f"loss went from {state.last_finite:g} to exactly 0.0 at step {state.zero_since}: the Trainer's "
@@ -185,3 +208,12 @@ class GradNormSentinel(DetectorBase):
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
                 value=grad, groups=k)
         return []
+
+    def absorb(self, batch: Batch) -> bool:
+        grads = batch.present("grad_norm")
+        if any(map(sentinel_index, grads)):
+            return False
+        if grads:
+            state = self._state[batch.rank]
+            state.value, state.streak, state.since = None, 0, None
+        return True

@@ -8,6 +8,7 @@ scale driven below 2^8, or DeepSpeed's own "already at minimum".
 
 from __future__ import annotations
 
+from lossguard.core.batch import Batch, grows
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
@@ -71,6 +72,34 @@ class OverflowStorm(DetectorBase):
         if record.signals.get("loss") is not None and record.step != self._last_skip_step:
             self._applied(record)
         return self._frozen_lr(record)
+
+    def absorb(self, batch: Batch) -> bool:
+        if batch.rank not in (None, 0):
+            return self._last_skip_step not in batch.steps  # else `observe` keeps no state for them
+        skips = batch.present("skipped_steps")
+        if grows(skips, self._last_skipped_total):
+            return False  # a skipped step: judged one by one
+        # One pass on copies; the detector's own fields change only once the whole batch is calm.
+        applied, streak, lr_tail = self._applied_any, self._streak, []
+        for step, skip, loss, raw, lr, grad in zip(
+                batch.steps, batch.column("skipped_steps"), batch.column("loss"), batch.column("raw_loss"),
+                batch.column("lr"), batch.column("grad_norm")):
+            # As in `observe`: a loss logged at the skipped step itself does not count as applied.
+            if skip is not None or (loss is not None and step != self._last_skip_step):
+                value = raw if raw is not None else loss
+                if value is not None and not is_nonfinite(value) and value != 0.0:
+                    applied, streak = True, 0
+            if skip is None and lr is not None:
+                if is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss):
+                    return False  # the LR may be freezing
+                lr_tail.append(lr)
+        if skips:
+            self._last_skipped_total = skips[-1]
+        self._applied_any, self._streak = applied, streak
+        if lr_tail:
+            self._frozen.count = 0
+            self._lrs = (self._lrs + lr_tail)[-3:]
+        return True
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow":
@@ -209,3 +238,30 @@ class LearningRateZero(DetectorBase):
             return self.emit(f"learning rate is 0 in {self._zero.count} logs in a row from step "
                              f"{self._zero.since}: the weights are not being updated{why}", self._zero.since)
         return []
+
+    def absorb(self, batch: Batch) -> bool:
+        if batch.rank not in (None, 0):
+            return True  # `observe` reads rank 0 / the run-level log only
+        lrs = batch.column("lr")
+        if 0.0 in lrs:
+            return False
+        # No zero LR: `observe` would only track steps and the skip counter; do that, in order.
+        steps, overflow, total, counted = self._steps, self._overflow_steps, self._skipped_total, False
+        for step, lr, skipped, grad, loss in zip(batch.steps, lrs, batch.column("skipped_steps"),
+                                                 batch.column("grad_norm"), batch.column("loss")):
+            if lr is None or step in steps:
+                continue
+            step_skipped = (skipped is not None and total is not None and skipped > total) or (
+                is_nonfinite(grad) and loss is not None and loss != 0.0 and not is_nonfinite(loss))
+            if skipped is not None:
+                total = skipped
+            if step_skipped or step in overflow:
+                continue
+            steps.add(step)
+            if len(steps) > 4096:
+                steps.clear()
+            counted = True
+        self._skipped_total = total
+        if counted:
+            self._zero.count = 0
+        return True

@@ -7,15 +7,20 @@ comparable across versions, GA settings and world sizes), never absolute.
 from __future__ import annotations
 
 import collections
+import copy
 import math
 from dataclasses import dataclass, field
 
+from lossguard.core.batch import Batch
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
 
 _BASELINE_LOGS = 3
+
+# What a trend check asks `emit` for: (message, step, rank, data).
+Alarm = tuple[str, "int | None", "int | None", dict]
 
 
 @dataclass
@@ -32,8 +37,11 @@ class _Trend:
     spike_at: int | None = None
     spike_value: float | None = None
     spike_age: int = 0
-    first_values: list = field(default_factory=list)
-    last: float | None = None
+
+    def clone(self) -> _Trend:
+        twin = copy.copy(self)
+        twin.high = Streak(self.high.count, self.high.since)
+        return twin
 
 
 def _train_loss(record: Record) -> float | None:
@@ -45,39 +53,69 @@ def _train_loss(record: Record) -> float | None:
     return None if loss is None or is_nonfinite(loss) else loss
 
 
+def _train_losses(batch: Batch) -> list[tuple[Record, float]]:
+    """(record, loss) for each record of the batch that `_train_loss` gives a loss for."""
+    losses = batch.column("loss")
+    raw = batch.columns.get("raw_loss")
+    if raw is not None:
+        losses = [r if r is not None else v for r, v in zip(raw, losses)]
+    return [(record, loss) for record, loss in zip(batch.records, losses)
+            if loss is not None and math.isfinite(loss)]
+
+
 class _TrendDetector(DetectorBase):
+    """A loss trend per rank. `check` decides on one log and returns an `Alarm` (or None) without
+    emitting, so that `absorb` can run it on a copy of the state and hand a batch with any alarm back to
+    `observe`."""
+
+    state_class: type[_Trend] = _Trend
+
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Trend)
+        self._state = PerRank(self.state_class)
 
     def observe(self, record: Record) -> list[Finding]:
         loss = _train_loss(record)
         if loss is None:
             return []
-        state = self._state[record.rank]
+        alarm = self._step(record, loss, self._state[record.rank])
+        return [] if alarm is None else self._emit_alarm(alarm)
+
+    def absorb(self, batch: Batch) -> bool:
+        losses = _train_losses(batch)
+        if not losses:
+            return True
+        current = self._state.peek(batch.rank)
+        state = current.clone() if current is not None else self.state_class()
+        if not self.calm(state):
+            return False
+        for record, loss in losses:
+            if self._step(record, loss, state) is not None or not self.calm(state):
+                return False
+        self._state.put(batch.rank, state)
+        return True
+
+    def _step(self, record: Record, loss: float, state: _Trend) -> Alarm | None:
         state.num += 1
         if state.num <= _BASELINE_LOGS:
             state.baseline_sum += loss
             if state.num == _BASELINE_LOGS:
                 state.baseline = state.baseline_sum / _BASELINE_LOGS
-        found = self.check(record, loss, state)
+        alarm = self.check(record, loss, state)
         state.ema = loss if state.ema is None else 0.8 * state.ema + 0.2 * loss
         state.minimum = min(state.minimum, loss)
-        state.last = loss
-        return found
+        return alarm
 
-    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+    def _emit_alarm(self, alarm: Alarm) -> list[Finding]:
+        message, step, rank, data = alarm
+        return self.emit(message, step, rank, **data)
+
+    def check(self, record: Record, loss: float, state: _Trend) -> Alarm | None:
         raise NotImplementedError
 
-
-@dataclass
-class _Flat:
-    num: int = 0
-    first_step: int | None = None
-    head: list = field(default_factory=list)
-    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=_FLAT_WINDOW))
-    grad_sum: float = 0.0
-    grad_num: int = 0
+    def calm(self, state: _Trend) -> bool:
+        """False while the state holds something `absorb` must not carry (an open spike)."""
+        return True
 
 
 _FLAT_WINDOW = 5
@@ -85,6 +123,20 @@ _FLAT_MIN_LOGS = 16
 _FLAT_REL = 0.01  # the loss moved less than 1% between the first and the last logs
 _FLAT_FROM_START = 100  # only judge logs that start at the beginning of training, not a plateau
 _TINY_GRAD_PER_LOSS = 0.02
+
+
+@dataclass
+class _FlatTrend(_Trend):
+    first_step: int | None = None
+    head: list = field(default_factory=list)
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=_FLAT_WINDOW))
+    grad_sum: float = 0.0
+    grad_num: int = 0
+
+    def clone(self) -> _FlatTrend:
+        twin = super().clone()
+        twin.head, twin.tail = list(self.head), collections.deque(self.tail, maxlen=_FLAT_WINDOW)
+        return twin
 
 
 @register
@@ -99,40 +151,35 @@ class LossNotLearning(_TrendDetector):
     name = "loss.flat"
     signature = "not-learning"
     severity = Severity.ERROR
+    state_class = _FlatTrend
     _STREAK = 8
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._flat = PerRank(_Flat)
-
-    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
-        flat = self._flat[record.rank]
-        flat.num += 1
-        if flat.first_step is None:
-            flat.first_step = record.step
-        if len(flat.head) < _FLAT_WINDOW:
-            flat.head.append(loss)
-        flat.tail.append(loss)
+    def check(self, record: Record, loss: float, state: _FlatTrend) -> Alarm | None:
+        if state.first_step is None:
+            state.first_step = record.step
+        if len(state.head) < _FLAT_WINDOW:
+            state.head.append(loss)
+        state.tail.append(loss)
         grad = record.signals.get("grad_norm")
         if grad is not None and not is_nonfinite(grad):
-            flat.grad_sum += grad
-            flat.grad_num += 1
+            state.grad_sum += grad
+            state.grad_num += 1
         if loss == 0.0:
             state.repeat_streak = 0
-            return []
+            return None
         if state.repeat_value is not None and math.isclose(loss, state.repeat_value, rel_tol=1e-4):
             state.repeat_streak += 1
         else:
             state.repeat_value, state.repeat_streak, state.repeat_since = loss, 1, record.step
         if state.repeat_streak >= self._STREAK:
-            return self.emit(f"loss stays at {loss:g} for {state.repeat_streak} logs from step "
-                             f"{state.repeat_since}: the model is not learning", state.repeat_since,
-                             record.rank, value=loss)
-        return []
+            return (f"loss stays at {loss:g} for {state.repeat_streak} logs from step "
+                    f"{state.repeat_since}: the model is not learning", state.repeat_since, record.rank,
+                    {"value": loss})
+        return None
 
     def finish(self) -> list[Finding]:
         super().finish()
-        for rank, flat in self._flat.items():
+        for rank, flat in self._state.items():
             if flat.num < _FLAT_MIN_LOGS or flat.first_step is None or flat.first_step > _FLAT_FROM_START:
                 continue
             start, end = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
@@ -163,18 +210,18 @@ class LossDivergence(_TrendDetector):
     severity = Severity.CRITICAL
     _STREAK = 5
 
-    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+    def check(self, record: Record, loss: float, state: _Trend) -> Alarm | None:
         # The reference is the lowest loss so far among the first logs: a run that blows up at its
         # second step must not take the blown-up value as its baseline.
         reference = min(state.minimum, state.baseline) if state.baseline else state.minimum
         if not math.isfinite(reference) or reference <= 0:
-            return []
+            return None
         high = state.high
         if high.update(loss > max(2.0 * reference, reference + 2.0), record.step) >= self._STREAK:
-            return self.emit(f"loss rose from about {reference:.3g} to {loss:.3g} and stayed above "
-                             f"twice its start for {high.count} logs from step {high.since}",
-                             high.since, record.rank, baseline=reference, value=loss)
-        return []
+            return (f"loss rose from about {reference:.3g} to {loss:.3g} and stayed above twice its start "
+                    f"for {high.count} logs from step {high.since}", high.since, record.rank,
+                    {"baseline": reference, "value": loss})
+        return None
 
 
 @register
@@ -188,20 +235,23 @@ class LossSpike(_TrendDetector):
     severity = Severity.WARNING
     _RECOVER_WITHIN = 5
 
-    def check(self, record: Record, loss: float, state: _Trend) -> list[Finding]:
+    def check(self, record: Record, loss: float, state: _Trend) -> Alarm | None:
         if state.spike_at is not None:
             state.spike_age += 1
             if state.ema is not None and loss < 1.5 * state.ema:
                 at, value = state.spike_at, state.spike_value
                 state.spike_at = None
-                return self.emit(f"loss spiked to {value:.3g} at step {at} (about {value / state.ema:.1f}x "
-                                 "its running average) and recovered", at, record.rank, value=value)
+                return (f"loss spiked to {value:.3g} at step {at} (about {value / state.ema:.1f}x its running "
+                        "average) and recovered", at, record.rank, {"value": value})
             if state.spike_age > self._RECOVER_WITHIN:
                 state.spike_at = None  # did not recover: divergence's business
-            return []
+            return None
         if state.num > _BASELINE_LOGS and state.ema and loss > 3.0 * state.ema and loss > state.ema + 0.5:
             state.spike_at, state.spike_value, state.spike_age = record.step, loss, 0
-        return []
+        return None
+
+    def calm(self, state: _Trend) -> bool:
+        return state.spike_at is None
 
     def observe(self, record: Record) -> list[Finding]:
         loss = _train_loss(record)
@@ -210,7 +260,8 @@ class LossSpike(_TrendDetector):
         state = self._state[record.rank]
         if state.spike_at is not None:  # while a spike is open, the average stays the one from before
             state.num += 1
-            return self.check(record, loss, state)
+            alarm = self.check(record, loss, state)
+            return [] if alarm is None else self._emit_alarm(alarm)
         before = state.ema
         found = super().observe(record)
         if state.spike_at is not None:
@@ -250,22 +301,32 @@ class Memorization(DetectorBase):
                 state.eval_loss = record.signals.get("eval_loss")
             return []
         loss = _train_loss(record)
-        if loss is None:
-            return []
-        state = self._state[record.rank]
+        if loss is not None:
+            self._track(self._state[record.rank], record, loss)
+        return []
+
+    def absorb(self, batch: Batch) -> bool:
+        # `observe` never reports from a train log (only `finish` does): track every one, exactly.
+        losses = _train_losses(batch)
+        if losses:
+            state = self._state[batch.rank]
+            for record, loss in losses:
+                self._track(state, record, loss)
+        return True
+
+    def _track(self, state: _Tiny, record: Record, loss: float) -> None:
         if state.first is None:
             state.first = loss
-        grad = record.signals.get("grad_norm")
         # "Tiny" is relative to where the run started (2%), never above an absolute 0.01 floor.
         tiny = max(self._TINY, self._TINY_RELATIVE * state.first)
         if loss < tiny and state.first > 10 * self._TINY:
             if state.tiny_since is None:
                 state.tiny_since = record.step
+            grad = record.signals.get("grad_norm")
             if grad is not None and not is_nonfinite(grad) and len(state.grads) < 8:
                 state.grads.add(grad)
         elif loss >= tiny:
             state.tiny_since, state.grads = None, set()
-        return []
 
     def finish(self) -> list[Finding]:
         for rank, state in self._state.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lossguard.core.batch import Batch
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
@@ -66,6 +67,14 @@ class MaskedLabels(DetectorBase):
                 streak.since, record.rank, warnings=self.num_warnings)
         return []
 
+    def absorb(self, batch: Batch) -> bool:
+        losses, grads = batch.column("loss"), batch.column("grad_norm")
+        if 0.0 in batch.column("num_label_tokens") or (0.0 in losses and 0.0 in grads):
+            return False
+        if any(loss is not None and grad is not None for loss, grad in zip(losses, grads)):
+            self._state[batch.rank].both_zero.count = 0
+        return True
+
     def finish(self) -> list[Finding]:
         super().finish()
         if self.fired is None and self.num_warnings:
@@ -111,6 +120,16 @@ class NoGradientFlow(DetectorBase):
                 f"grad_norm is exactly 0 from step {streak.since} while the loss is {loss:g}: "
                 f"no trainable parameter receives a gradient{hint}", streak.since, record.rank)
         return []
+
+    def absorb(self, batch: Batch) -> bool:
+        grads = batch.column("grad_norm")
+        if 0.0 in grads:
+            return False
+        overflow = self._overflow_steps
+        if any(loss is not None and grad is not None and step not in overflow
+               for loss, grad, step in zip(batch.column("loss"), grads, batch.steps)):
+            self._state[batch.rank].grad_zero.count = 0
+        return True
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow" and record.step is not None:
@@ -164,6 +183,15 @@ class ZeroLoss(DetectorBase):
         state.loss_zero.update(loss == 0.0, record.step)
         state.seen_nonzero_loss = state.seen_nonzero_loss or loss != 0.0
         return []
+
+    def absorb(self, batch: Batch) -> bool:
+        losses = batch.column("loss")
+        if 0.0 in losses:
+            return False
+        if losses.count(None) != len(losses):
+            state = self._state[batch.rank]
+            state.loss_zero.count, state.seen_nonzero_loss = 0, True
+        return True
 
     def finish(self) -> list[Finding]:
         for rank, state in self._state.items():

@@ -1,0 +1,69 @@
+"""Runs of plain train records, for the engine's fast path over big logs.
+
+A million-line log holds tens of thousands of train logs in which nothing happens: finite losses,
+moving learning rates, no events. Feeding them one at a time through thirteen detectors costs ~10 µs
+each. `Engine.feed_all` instead hands a detector a `Batch` of consecutive records (one rank, train
+records with numbers only) and asks it to `absorb` them: a detector that can prove none of them would
+raise a finding updates its state exactly as `observe` would have and returns True; otherwise it
+returns False *without touching its state*, and the engine feeds it those records one by one. So the
+answer never depends on the path: findings only ever come from `observe`, and tests hold the two
+paths to the same findings and the same detector state on every fixture.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+from lossguard.core.records import TRAIN, Record
+
+
+class Batch:
+    """Consecutive train records of one rank, with aligned columns per signal (None where a record
+    lacks the signal), built once and shared by every detector."""
+
+    __slots__ = ("records", "rank", "steps", "columns")
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+        self.rank = records[0].rank
+        self.steps = [r.step for r in records]
+        size = len(records)
+        columns: dict[str, list[float | None]] = {}
+        for i, record in enumerate(records):
+            for name, value in record.signals.items():
+                column = columns.get(name)
+                if column is None:
+                    column = columns[name] = [None] * size
+                column[i] = value
+        self.columns = columns
+
+    def column(self, name: str) -> list[float | None]:
+        """Values of `name` aligned with `records`; an all-None list when no record has it."""
+        column = self.columns.get(name)
+        return column if column is not None else [None] * len(self.records)
+
+    def present(self, name: str) -> list[float]:
+        """The values of `name` that are there, in order."""
+        column = self.columns.get(name)
+        if column is None:
+            return []
+        return [v for v in column if v is not None] if None in column else column
+
+
+def batchable(record: Record) -> bool:
+    """A record the fast path may carry: numbers at a known step, nothing else for a detector to read."""
+    return record.kind == TRAIN and record.event is None and not record.data and record.step is not None
+
+
+def all_finite(values: list[float | None]) -> bool:
+    """No NaN/Inf among the values (None ignored). Summing is C-speed; a sum that overflows on huge but
+    finite values reads as "not all finite", which only sends the batch down the exact path."""
+    return math.isfinite(sum(filter(None, values)))
+
+
+def grows(values: list[float], start: float | None = None) -> bool:
+    """True when some value is larger than the one before it (the first compared with `start`)."""
+    if start is not None and values and values[0] > start:
+        return True
+    return any(map(operator.lt, values, values[1:]))
