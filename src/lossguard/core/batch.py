@@ -22,7 +22,7 @@ class Batch:
     """Consecutive train records of one rank, with aligned columns per signal (None where a record
     lacks the signal), built once and shared by every detector."""
 
-    __slots__ = ("records", "rank", "steps", "columns")
+    __slots__ = ("records", "rank", "steps", "columns", "_train_losses")
 
     def __init__(self, records: list[Record]) -> None:
         self.records = records
@@ -37,6 +37,7 @@ class Batch:
                     column = columns[name] = [None] * size
                 column[i] = value
         self.columns = columns
+        self._train_losses: list[tuple[Record, float]] | None = None
 
     def column(self, name: str) -> list[float | None]:
         """Values of `name` aligned with `records`; an all-None list when no record has it."""
@@ -49,6 +50,19 @@ class Batch:
         if column is None:
             return []
         return [v for v in column if v is not None] if None in column else column
+
+
+    def train_losses(self) -> list[tuple[Record, float]]:
+        """(record, loss) for each record with a finite loss (the raw loss where a record has one): what
+        the loss-trend detectors read, computed once for all of them."""
+        if self._train_losses is None:
+            losses = self.column("loss")
+            raw = self.columns.get("raw_loss")
+            if raw is not None:
+                losses = [r if r is not None else v for r, v in zip(raw, losses)]
+            self._train_losses = [(record, loss) for record, loss in zip(self.records, losses)
+                                  if loss is not None and math.isfinite(loss)]
+        return self._train_losses
 
 
 def batchable(record: Record) -> bool:

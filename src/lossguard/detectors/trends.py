@@ -53,16 +53,6 @@ def _train_loss(record: Record) -> float | None:
     return None if loss is None or is_nonfinite(loss) else loss
 
 
-def _train_losses(batch: Batch) -> list[tuple[Record, float]]:
-    """(record, loss) for each record of the batch that `_train_loss` gives a loss for."""
-    losses = batch.column("loss")
-    raw = batch.columns.get("raw_loss")
-    if raw is not None:
-        losses = [r if r is not None else v for r, v in zip(raw, losses)]
-    return [(record, loss) for record, loss in zip(batch.records, losses)
-            if loss is not None and math.isfinite(loss)]
-
-
 class _TrendDetector(DetectorBase):
     """A loss trend per rank. `check` decides on one log and returns an `Alarm` (or None) without
     emitting, so that `absorb` can run it on a copy of the state and hand a batch with any alarm back to
@@ -82,10 +72,15 @@ class _TrendDetector(DetectorBase):
         return [] if alarm is None else self._emit_alarm(alarm)
 
     def absorb(self, batch: Batch) -> bool:
-        losses = _train_losses(batch)
+        losses = batch.train_losses()
         if not losses:
             return True
         current = self._state.peek(batch.rank)
+        if current is not None and current.num >= _BASELINE_LOGS and self.calm(current) and \
+                self.absorb_quietly(current, losses):
+            return True
+        # Near the start (the baseline is forming) or when the fast check is unsure: the same `_step`
+        # as `observe`, on a copy of the state.
         state = current.clone() if current is not None else self.state_class()
         if not self.calm(state):
             return False
@@ -105,6 +100,22 @@ class _TrendDetector(DetectorBase):
         state.ema = loss if state.ema is None else 0.8 * state.ema + 0.2 * loss
         state.minimum = min(state.minimum, loss)
         return alarm
+
+    def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
+        """The fast path once the baseline is set: prove from the batch as a whole that `check` stays
+        quiet, then update the state in bulk; False (state untouched) when it cannot."""
+        return False
+
+    @staticmethod
+    def _advance(state: _Trend, values: list[float]) -> None:
+        """`_step`'s updates for many logs at once (baseline already set). The EMA is folded in the
+        same order with the same arithmetic as one by one, so it is bit-identical."""
+        ema = state.ema
+        for value in values:
+            ema = 0.8 * ema + 0.2 * value
+        state.num += len(values)
+        state.ema = ema
+        state.minimum = min(state.minimum, min(values))
 
     def _emit_alarm(self, alarm: Alarm) -> list[Finding]:
         message, step, rank, data = alarm
@@ -177,6 +188,31 @@ class LossNotLearning(_TrendDetector):
                     {"value": loss})
         return None
 
+    def absorb_quietly(self, state: _FlatTrend, losses: list[tuple[Record, float]]) -> bool:
+        value, streak, since = state.repeat_value, state.repeat_streak, state.repeat_since
+        for record, loss in losses:  # `check`'s repeat logic, on locals
+            if loss == 0.0:
+                streak = 0
+            elif value is not None and math.isclose(loss, value, rel_tol=1e-4):
+                streak += 1
+                if streak >= self._STREAK:
+                    return False
+            else:
+                value, streak, since = loss, 1, record.step
+        values = [loss for _, loss in losses]
+        state.repeat_value, state.repeat_streak, state.repeat_since = value, streak, since
+        state.head.extend(values[: _FLAT_WINDOW - len(state.head)])
+        state.tail.extend(values)
+        grad_sum, grad_num = state.grad_sum, state.grad_num
+        for record, _ in losses:
+            grad = record.signals.get("grad_norm")
+            if grad is not None and not is_nonfinite(grad):
+                grad_sum += grad
+                grad_num += 1
+        state.grad_sum, state.grad_num = grad_sum, grad_num
+        self._advance(state, values)
+        return True
+
     def finish(self) -> list[Finding]:
         super().finish()
         for rank, flat in self._state.items():
@@ -223,6 +259,19 @@ class LossDivergence(_TrendDetector):
                     {"baseline": reference, "value": loss})
         return None
 
+    def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
+        # The reference only falls as the minimum does, and the bar rises with it: if the highest loss
+        # stays under the bar of the lowest possible reference, no log of the batch is high.
+        values = [loss for _, loss in losses]
+        lowest = min(state.minimum, min(values))
+        if state.baseline:
+            lowest = min(lowest, state.baseline)
+        if not (0.0 < lowest < math.inf) or max(values) > max(2.0 * lowest, lowest + 2.0):
+            return False
+        state.high.count = 0
+        self._advance(state, values)
+        return True
+
 
 @register
 class LossSpike(_TrendDetector):
@@ -252,6 +301,16 @@ class LossSpike(_TrendDetector):
 
     def calm(self, state: _Trend) -> bool:
         return state.spike_at is None
+
+    def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
+        values = [loss for _, loss in losses]
+        ema = state.ema
+        for value in values:  # `check`'s spike test against the EMA as it stands at each log
+            if ema and value > 3.0 * ema and value > ema + 0.5:
+                return False
+            ema = 0.8 * ema + 0.2 * value
+        self._advance(state, values)
+        return True
 
     def observe(self, record: Record) -> list[Finding]:
         loss = _train_loss(record)
@@ -307,7 +366,7 @@ class Memorization(DetectorBase):
 
     def absorb(self, batch: Batch) -> bool:
         # `observe` never reports from a train log (only `finish` does): track every one, exactly.
-        losses = _train_losses(batch)
+        losses = batch.train_losses()
         if losses:
             state = self._state[batch.rank]
             for record, loss in losses:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -21,7 +22,9 @@ from lossguard.sources.ds_facts import facts_from_line
 from lossguard.sources.scan import is_real_file, iter_grep_lines, iter_lines
 
 _DEDUPE_WINDOW = 256
-_SIGNAL_KEYS = (b"loss", b"grad_norm", b"learning_rate", b"eval_", b"train_runtime", b"lr")
+# A log dict is a metrics log when it names one of these (`loss` first: nearly every one does).
+_SIGNAL_KEY = re.compile(rb"loss|grad_norm|learning_rate|eval_|train_runtime|lr")
+_QUOTES = (b"'", b'"')
 
 
 class TextLogParser:
@@ -63,7 +66,7 @@ class TextLogParser:
         if start < 0 or end < 0:
             return None
         text = line[start : end + 1]
-        if not any(key in text for key in _SIGNAL_KEYS):
+        if b"loss" not in text and not _SIGNAL_KEY.search(text):
             return None
         pairs = P.HF_PAIR.findall(text)
         if not pairs:
@@ -85,7 +88,12 @@ class TextLogParser:
             name, role = info
             if role == _SKIP:
                 continue
-            value = _hf_value(raw_value)
+            if raw_value[:1] in _QUOTES:  # transformers 5 logs strings: {'loss': '4.714'}
+                raw_value = raw_value[1:-1]
+            try:
+                value = float(raw_value)  # takes ASCII bytes and spaces: 'nan', 'inf', ' 1e-05' included
+            except ValueError:
+                value = _hf_value(raw_value)
             if role == _SUMMARY:
                 is_summary = True
             elif role == _EVAL:
