@@ -79,14 +79,22 @@ _MAX_LINE = 1 << 20  # a line longer than this (a binary blob, a runaway print) 
 
 
 def _read_grep(proc: subprocess.Popen) -> Iterator[tuple[int, bytes]]:
+    """grep's `N:line` output, read in big blocks (a readline per line costs more than the parse)."""
+    pending = b""  # the start of a line whose end has not arrived yet, at most _MAX_LINE bytes
     try:
-        while raw := proc.stdout.readline(_MAX_LINE):
-            if not raw.endswith(b"\n"):  # over-long: drop the rest of it, memory stays bounded
-                while (rest := proc.stdout.readline(_MAX_LINE)) and not rest.endswith(b"\n"):
-                    pass
-            number, _, line = raw.partition(b":")
+        while block := proc.stdout.read1(1 << 20):
+            lines = block.split(b"\n")
+            if pending:
+                lines[0] = pending + lines[0]
+            pending = lines.pop()[:_MAX_LINE]
+            for raw in lines:
+                number, _, line = raw.partition(b":")
+                if number.isdigit():
+                    yield int(number), line if len(line) <= _MAX_LINE else line[:_MAX_LINE]
+        if pending:  # grep ends its output with a newline; a killed grep may not
+            number, _, line = pending.partition(b":")
             if number.isdigit():
-                yield int(number), line.rstrip(b"\n")
+                yield int(number), line
     finally:
         proc.stdout.close()
         proc.kill()

@@ -294,9 +294,10 @@ def parse_file(path: Path) -> Iterator[Record]:
         with open(path, "rb") as stream:
             yield from parse_stream(stream, path.name)
         return
-    parser = TextLogParser(path.name)
+    parse = TextLogParser(path.name).parse_line
     for line_no, line in lines:
-        yield from parser.parse_line(line, line_no)
+        if found := parse(line, line_no):
+            yield from found
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
