@@ -1,4 +1,5 @@
 import io
+import random
 
 from lossguard.core.records import EVAL, EVENT, TRAIN
 from lossguard.sources.scan import iter_lines
@@ -130,3 +131,40 @@ def test_tqdm_counter_that_lags_behind_the_log_is_corrected():
             "  1/20 [00:00<00:02]\r{'loss': '4.18', 'epoch': '0.25'}\n"
             "  2/20 [00:00<00:02]\r  3/20 [00:00<00:01]\r{'loss': '4.13', 'epoch': '0.375'}\n")
     assert [r.step for r in parse(text)] == [1, 2, 3]
+
+
+def _dict_lines():
+    """Log-dict lines from every committed text fixture, and made-up ones in every shape the key
+    regex has to get right: spacing, quoting, NaN/Inf, tensor reprs, stray quotes, missing keys."""
+    from tests.conftest import FIXTURES
+
+    lines = [line for path in sorted(FIXTURES.rglob("*.log"))
+             for line in path.read_bytes().splitlines() if b"{'" in line or b'{"' in line]
+    rng = random.Random(3)
+    values = [b"1.5", b"'1.5'", b'"2.5"', b"nan", b"'nan'", b"inf", b"-inf", b"1e-05", b" 0.0 ", b"'1.5'7",
+              b"tensor(1.4142, device='cuda:0')", b"'abc'", b"", b"'", b"12", b"0.5'"]
+    keys = [b"loss", b"grad_norm", b"learning_rate", b"epoch", b"eval_loss", b"step", b"note", b"train_runtime"]
+    for _ in range(3000):
+        chosen = rng.sample(keys[:4], rng.randrange(1, 5)) if rng.random() < 0.8 else rng.sample(keys, 3)
+        quote = rng.choice((b"'", b'"'))
+        sep, colon = rng.choice((b", ", b",", b" , ")), rng.choice((b": ", b":", b" :  "))
+        body = sep.join(quote + k + quote + colon + rng.choice(values) for k in chosen)
+        lines.append(rng.choice((b"", b" 10%|#  | 10/100 [00:01<00:09]", b"10.0.0.4: ")) + b"{" + body + b"}")
+    return lines
+
+
+def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkeypatch):
+    import lossguard.sources.text_log as text_log
+
+    lines = _dict_lines()
+    read_by_layout = []
+    floats = text_log._floats
+    monkeypatch.setattr(text_log, "_floats", lambda *args: read_by_layout.append(1) or floats(*args))
+    fast = list(parse_lines(lines))
+    assert len(read_by_layout) > 1000  # the fast path did run
+    monkeypatch.setattr(text_log, "_floats", floats)
+    monkeypatch.setattr(text_log, "_MAX_LAYOUTS", 0)  # never learn a layout: findall on every line
+    generic = list(parse_lines(lines))
+    assert len(fast) == len(generic) > 2500
+    for a, b in zip(fast, generic):
+        assert repr(a) == repr(b)  # repr: NaN == NaN

@@ -54,7 +54,8 @@ ANCHORS = re.compile(b"|".join(re.escape(a.encode()) for a in ANCHOR_STRINGS))
 
 HF_PAIR = re.compile(rb"""['"]([^'"]+)['"]\s*:\s*('[^']*'|"[^"]*"|[^,}]+)""")
 TQDM_COUNTER = re.compile(rb"(\d+)/(\d+) \[")
-DS_STEP = re.compile(rb"\bstep=(\d+), skipped=(\d+), lr=\[([^\]]*)\]")
+# step, skipped, and the first param group's lr (the catalog's lr).
+DS_STEP = re.compile(rb"\bstep=(\d+), skipped=(\d+), lr=\[\s*([^,\]]*)[^\]]*\]")
 DS_VERSION = re.compile(rb"DeepSpeed info: version=([0-9][\w.+-]*)")
 DS_ZERO_OPT = re.compile(rb"Creating (torch\.\w+) ZeRO stage (\d) optimizer")
 DS_DUMP_LINE = re.compile(rb"^\s*(\w+) \.{2,} (.*?)\s*$")
