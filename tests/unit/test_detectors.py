@@ -133,3 +133,13 @@ def test_rank_desync_from_fingerprints():
 def test_zero_loss_when_nothing_else_tells():
     d = run(logs((0.0, None, 1e-4), (0.0, None, 1e-4), (0.0, None, 1e-4)))
     assert d.signature == "zero-loss"
+
+
+def test_any_sentinel_prefilter_agrees_with_sentinel_index_everywhere():
+    from lossguard.detectors._base import any_sentinel
+
+    grid = [i / 10_000 for i in range(0, 31_000)] + [round(math.sqrt(k), d) for k in range(1, 9) for d in range(1, 9)]
+    grid += [math.sqrt(k) for k in range(1, 9)] + [math.nan, math.inf, -math.inf, -1.0, 1e300]
+    assert sum(1 for v in grid if sentinel_index(v)) > 80
+    for value in grid:
+        assert any_sentinel([value]) == bool(sentinel_index(value)), value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import click
@@ -30,6 +31,9 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     from lossguard.sources.base import SourceError
 
     facts = load_known_facts(ds_config, env_file)
+    # A big log makes hundreds of thousands of short-lived records; the cyclic collector would keep
+    # re-scanning the modules and objects loaded so far. This process exits after one analysis.
+    gc.freeze()
     try:
         diagnosis = run_analysis(paths, facts=facts)
     except SourceError as exc:

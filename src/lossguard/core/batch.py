@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import operator
 
-from lossguard.core.records import TRAIN, Record
+from lossguard.core.records import Record
 
 
 class Batch:
@@ -28,15 +28,9 @@ class Batch:
         self.records = records
         self.rank = records[0].rank
         self.steps = [r.step for r in records]
-        size = len(records)
-        columns: dict[str, list[float | None]] = {}
-        for i, record in enumerate(records):
-            for name, value in record.signals.items():
-                column = columns.get(name)
-                if column is None:
-                    column = columns[name] = [None] * size
-                column[i] = value
-        self.columns = columns
+        signals = [r.signals for r in records]
+        # Every name any record has (a C-speed union), sorted so that the order is the same every run.
+        self.columns = {name: [one.get(name) for one in signals] for name in sorted(set().union(*signals))}
         self._train_losses: list[tuple[Record, float]] | None = None
 
     def column(self, name: str) -> list[float | None]:
@@ -64,10 +58,8 @@ class Batch:
                                   if loss is not None and math.isfinite(loss)]
         return self._train_losses
 
-
-def batchable(record: Record) -> bool:
-    """A record the fast path may carry: numbers at a known step, nothing else for a detector to read."""
-    return record.kind == TRAIN and record.event is None and not record.data and record.step is not None
+    def train_loss_values(self) -> list[float]:
+        return [loss for _, loss in self.train_losses()]
 
 
 def all_finite(values: list[float | None]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from lossguard.core.batch import Batch, batchable
+from lossguard.core.batch import Batch
 from lossguard.core.detector import Detector, make_detectors
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Finding, Severity
@@ -98,7 +98,8 @@ class Engine:
         train records go through `Batch` (see core/batch.py), which is what makes a big log fast."""
         run: list[Record] = []
         for record in records:
-            if batchable(record):
+            # Numbers at a known step and nothing else for a detector to read: the batch path's kind.
+            if record.kind == TRAIN and record.event is None and not record.data and record.step is not None:
                 if run and (len(run) >= _BATCH or record.rank != run[0].rank):
                     self._feed_batch(run)
                     run = []

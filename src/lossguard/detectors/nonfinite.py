@@ -10,7 +10,7 @@ from lossguard.core.batch import Batch, all_finite
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, sentinel_index
+from lossguard.detectors._base import DetectorBase, PerRank, any_sentinel, is_nonfinite, sentinel_index
 
 # Consecutive exact-zero logs after a normal loss that prove the filter artefact on their own.
 _ZERO_STREAK = 3
@@ -211,7 +211,7 @@ class GradNormSentinel(DetectorBase):
 
     def absorb(self, batch: Batch) -> bool:
         grads = batch.present("grad_norm")
-        if any(map(sentinel_index, grads)):
+        if any_sentinel(grads):
             return False
         if grads:
             state = self._state[batch.rank]

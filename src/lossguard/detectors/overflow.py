@@ -8,7 +8,7 @@ scale driven below 2^8, or DeepSpeed's own "already at minimum".
 
 from __future__ import annotations
 
-from lossguard.core.batch import Batch, grows
+from lossguard.core.batch import Batch, all_finite, grows
 from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
@@ -79,26 +79,25 @@ class OverflowStorm(DetectorBase):
         skips = batch.present("skipped_steps")
         if grows(skips, self._last_skipped_total):
             return False  # a skipped step: judged one by one
-        # One pass on copies; the detector's own fields change only once the whole batch is calm.
-        applied, streak, lr_tail = self._applied_any, self._streak, []
-        for step, skip, loss, raw, lr, grad in zip(
-                batch.steps, batch.column("skipped_steps"), batch.column("loss"), batch.column("raw_loss"),
-                batch.column("lr"), batch.column("grad_norm")):
-            # As in `observe`: a loss logged at the skipped step itself does not count as applied.
-            if skip is not None or (loss is not None and step != self._last_skip_step):
-                value = raw if raw is not None else loss
-                if value is not None and not is_nonfinite(value) and value != 0.0:
-                    applied, streak = True, 0
-            if skip is None and lr is not None:
-                if is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss):
-                    return False  # the LR may be freezing
-                lr_tail.append(lr)
+        losses, raws = batch.column("loss"), batch.column("raw_loss")
+        if 0.0 in losses or 0.0 in raws or not (
+                all_finite(losses) and all_finite(raws) and all_finite(batch.column("grad_norm"))):
+            return False  # a dead or dying log (the LR may be freezing): judged one by one
+        # Every loss is finite and non-zero, so no LR is freezing and every counted loss is an applied
+        # step. Once one was, `_applied_any` stays True and `_streak` 0 until the next skip.
+        skip_column = batch.column("skipped_steps")
+        if not (self._applied_any and self._streak == 0) and any(
+                (raw is not None or loss is not None) if skip is not None else
+                (loss is not None and step != self._last_skip_step)  # as `observe`: not the skipped step's own log
+                for step, skip, loss, raw in zip(batch.steps, skip_column, losses, raws)):
+            self._applied_any, self._streak = True, 0
+        # `_frozen_lr` runs for the logs without a skip counter that carry an LR.
+        lr_tail = [lr for skip, lr in zip(skip_column, batch.column("lr")) if skip is None and lr is not None]
         if skips:
             self._last_skipped_total = skips[-1]
-        self._applied_any, self._streak = applied, streak
         if lr_tail:
             self._frozen.count = 0
-            self._lrs = (self._lrs + lr_tail)[-3:]
+            self._lrs = (self._lrs + lr_tail[-3:])[-3:]
         return True
 
     def _event(self, record: Record) -> list[Finding]:
@@ -247,12 +246,14 @@ class LearningRateZero(DetectorBase):
             return False
         # No zero LR: `observe` would only track steps and the skip counter; do that, in order.
         steps, overflow, total, counted = self._steps, self._overflow_steps, self._skipped_total, False
+        finite_grads = all_finite(batch.column("grad_norm"))
         for step, lr, skipped, grad, loss in zip(batch.steps, lrs, batch.column("skipped_steps"),
                                                  batch.column("grad_norm"), batch.column("loss")):
             if lr is None or step in steps:
                 continue
             step_skipped = (skipped is not None and total is not None and skipped > total) or (
-                is_nonfinite(grad) and loss is not None and loss != 0.0 and not is_nonfinite(loss))
+                not finite_grads and is_nonfinite(grad) and loss is not None and loss != 0.0
+                and not is_nonfinite(loss))
             if skipped is not None:
                 total = skipped
             if step_skipped or step in overflow:

@@ -367,10 +367,15 @@ class Memorization(DetectorBase):
     def absorb(self, batch: Batch) -> bool:
         # `observe` never reports from a train log (only `finish` does): track every one, exactly.
         losses = batch.train_losses()
-        if losses:
-            state = self._state[batch.rank]
-            for record, loss in losses:
-                self._track(state, record, loss)
+        if not losses:
+            return True
+        state = self._state[batch.rank]
+        if state.first is not None and \
+                min(batch.train_loss_values()) >= max(self._TINY, self._TINY_RELATIVE * state.first):
+            state.tiny_since, state.grads = None, set()  # what `_track` leaves after any loss not tiny
+            return True
+        for record, loss in losses:
+            self._track(state, record, loss)
         return True
 
     def _track(self, state: _Tiny, record: Record, loss: float) -> None:

@@ -118,7 +118,7 @@ def records(inputs: list[Input]) -> Iterator[Record]:
         inputs = [i for i in inputs if not isinstance(i.source, LossguardEventsSource)]
         primary = min(primary or 0, 0)
     for item in sorted(inputs, key=lambda i: rank.get(id(i.source), len(SOURCES))):
-        numbers = rank.get(id(item.source), len(SOURCES)) == primary
-        for record in item.source.parse(item.path):
-            if numbers or record.kind == EVENT:
-                yield record
+        if rank.get(id(item.source), len(SOURCES)) == primary:
+            yield from item.source.parse(item.path)
+        else:
+            yield from (record for record in item.source.parse(item.path) if record.kind == EVENT)

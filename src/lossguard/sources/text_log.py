@@ -77,7 +77,7 @@ class TextLogParser:
         layout = self._layout
         match = layout.pattern.fullmatch(text) if layout is not None else None
         if match is not None:  # the same keys as the last dict: no per-key work
-            signals = _floats(layout.names, match.groups()[1::2])
+            signals = _floats(layout.named, match.groups())
             step, is_eval, is_summary = None, False, False
         else:
             pairs = P.HF_PAIR.findall(text)
@@ -92,7 +92,7 @@ class TextLogParser:
                           source=self.source, line_no=line_no)
         ordinal = False
         if step is None:
-            counters = P.TQDM_COUNTER.findall(line, 0, start)
+            counters = P.TQDM_COUNTER.findall(line, 0, start) if start else None
             if is_eval and self.last_step is not None:
                 step = self.last_step
             elif counters:
@@ -282,10 +282,11 @@ class _Layout:
     is read with one `fullmatch` instead of a `findall` and a lookup per key. It gives the same pairs
     as `HF_PAIR.findall` on such a dict (tests/unit/test_text_source.py holds the two to it)."""
 
-    __slots__ = ("pattern", "names")
+    __slots__ = ("pattern", "named")
 
-    def __init__(self, pattern: re.Pattern[bytes], names: tuple[str | None, ...]) -> None:
-        self.pattern, self.names = pattern, names
+    def __init__(self, pattern: re.Pattern[bytes], named: tuple[tuple[int, str], ...]) -> None:
+        self.pattern = pattern
+        self.named = named  # (index in match.groups(), signal name) of each value worth reading
 
     @classmethod
     def of(cls, keys: tuple[bytes, ...]) -> _Layout:
@@ -297,17 +298,18 @@ class _Layout:
                     + b"\\%d\\%d" % (2 * number - 1, 2 * number))
 
         body = rb"\s*,\s*".join(pair(number, key) for number, key in enumerate(keys, 1))
-        names = tuple(_KEYS[key][0] if _KEYS[key][1] == _PLAIN else None for key in keys)
-        return cls(re.compile(rb"\{\s*" + body + rb"\s*,?\s*\}"), names)
+        # Groups come in pairs (separator, value): the value of pair i is group 2i + 1 (0-based).
+        named = tuple((2 * i + 1, _KEYS[key][0]) for i, key in enumerate(keys) if _KEYS[key][1] == _PLAIN)
+        return cls(re.compile(rb"\{\s*" + body + rb"\s*,?\s*\}"), named)
 
 
-def _floats(names: tuple[str | None, ...], raws: tuple[bytes, ...]) -> dict[str, float]:
-    """`_hf_value` of each named value, its common case inlined (this runs once per log line)."""
+def _floats(named: tuple[tuple[int, str], ...], groups: tuple[bytes, ...]) -> dict[str, float]:
+    """`_hf_value` of each named group, its common case inlined (this runs once per log line)."""
     signals = {}
-    for name, raw in zip(names, raws):
-        if name is None:
-            continue
-        if raw[:1] in _QUOTES and raw[-1:] == raw[:1]:
+    for index, name in named:
+        raw = groups[index]
+        first = raw[0]
+        if (first == 39 or first == 34) and raw[-1] == first:  # quoted: transformers 5 logs strings
             raw = raw[1:-1]
         try:
             signals[name] = float(raw)
@@ -384,4 +386,4 @@ class TextLogSource:
         return b"\x00" not in head[:4096]
 
     def parse(self, path: Path) -> Iterator[Record]:
-        yield from parse_file(path)
+        return parse_file(path)
