@@ -143,3 +143,13 @@ def test_any_sentinel_prefilter_agrees_with_sentinel_index_everywhere():
     assert sum(1 for v in grid if sentinel_index(v)) > 80
     for value in grid:
         assert any_sentinel([value]) == bool(sentinel_index(value)), value
+
+
+def test_a_few_label_masking_warnings_are_a_warning_and_never_hide_a_later_death():
+    warnings = [event("tokenization-mismatch", step=s, got=5, expected=9) for s in (2, 30)]
+    healthy = logs(*[(2.0 - i / 100, 1.0 + i / 1000, 1e-5) for i in range(40)])
+    d = run(healthy[:10] + warnings[:1] + healthy[10:] + warnings[1:])
+    assert (d.verdict, d.signature, d.onset_step) == ("warning", "masked-labels", 2)
+    dead = logs(*[(0.0, math.nan, 1e-5)] * 5, start=41)
+    d = run(healthy[:10] + warnings[:1] + healthy[10:] + warnings[1:] + dead)
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "nonfinite-hidden", 41)

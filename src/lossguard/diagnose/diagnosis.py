@@ -61,6 +61,8 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis
     family = {signature, *RELATED.get(signature, ())}
     onset = min((f.step for f in findings if f.signature in family and f.step is not None), default=None)
     verdict = SIGNATURES[signature][0]
+    if verdict == "broken" and primary.severity < Severity.ERROR:
+        verdict = "warning"  # e.g. some label-masking warnings in a run that trains: worth a look, not dead
     context = _context(result, findings, onset)
     causes = rank_causes(signature, context, result.facts.origin)
     if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].confidence >= 0.5:
@@ -73,7 +75,10 @@ def _primary(findings: list[Finding]) -> Finding | None:
                   (f.severity >= Severity.WARNING or SIGNATURES[f.signature][0] == "healthy")]
     if not candidates:
         return None
-    return min(candidates, key=lambda f: (PRECEDENCE.index(f.signature), -f.severity))
+    # A run-killing finding (error or worse) outranks a warning whatever their signatures' precedence:
+    # a few label-masking warnings must not hide the NaN that killed the run later.
+    return min(candidates, key=lambda f: (f.severity < Severity.ERROR, PRECEDENCE.index(f.signature),
+                                          -f.severity))
 
 
 def _context(result: EngineResult, findings: list[Finding], onset: int | None) -> dict[str, Any]:
