@@ -50,9 +50,13 @@ def state_of(value):
 
 def run_both(make_records) -> tuple[Engine, Engine]:
     one_by_one, batched = Engine(), Engine()
+    returned, called = [], []
     for record in make_records():
-        one_by_one.feed(record)
-    batched.feed_all(make_records())
+        if new := one_by_one.feed(record):
+            returned.append(((record.step, record.rank, record.line_no), [f.to_dict() for f in new]))
+    batched.feed_all(make_records(), lambda record, new: called.append(
+        ((record.step, record.rank, record.line_no), [f.to_dict() for f in new])))
+    assert returned == called  # watch places its alerts with on_findings
     return one_by_one, batched
 
 

@@ -7,6 +7,7 @@ per arm). A detector that raises is reported once and switched off; the stream g
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lossguard.core.batch import Batch
@@ -93,24 +94,27 @@ class Engine:
                 self._routes[key] = route
         return route
 
-    def feed_all(self, records) -> None:
+    def feed_all(self, records, on_findings: Callable[[Record, list[Finding]], None] | None = None) -> None:
         """Every record, with the same findings and detector state as `feed` one by one; runs of plain
-        train records go through `Batch` (see core/batch.py), which is what makes a big log fast."""
+        train records go through `Batch` (see core/batch.py), which is what makes a big log fast.
+        `on_findings(record, new)` is called as `feed` would have returned `new` for `record` (live
+        callers place their alerts with it)."""
         run: list[Record] = []
         for record in records:
             # Numbers at a known step and nothing else for a detector to read: the batch path's kind.
             if record.kind == TRAIN and record.event is None and not record.data and record.step is not None:
                 if run and (len(run) >= _BATCH or record.rank != run[0].rank):
-                    self._feed_batch(run)
+                    self._feed_batch(run, on_findings)
                     run = []
                 run.append(record)
                 continue
             if run:
-                self._feed_batch(run)
+                self._feed_batch(run, on_findings)
                 run = []
-            self.feed(record)
+            if (new := self.feed(record)) and on_findings is not None:
+                on_findings(record, new)
         if run:
-            self._feed_batch(run)
+            self._feed_batch(run, on_findings)
 
     def _start(self) -> None:
         if not self._started:
@@ -119,7 +123,7 @@ class Engine:
             if known:  # facts the caller knew up front (--config, --env) reach detectors as an event
                 self.feed(Record(step=None, kind=EVENT, event="facts", data=known, source="given"))
 
-    def _feed_batch(self, records: list[Record]) -> None:
+    def _feed_batch(self, records: list[Record], on_findings=None) -> None:
         self._start()
         batch = Batch(records)
         self._account_batch(batch)
@@ -151,7 +155,8 @@ class Engine:
                 except Exception as exc:
                     new.append(self._internal_error(detector, exc))
             self._keep(record, new)
-            self._collect(new)
+            if (kept := self._collect(new)) and on_findings is not None:
+                on_findings(record, kept)
 
     def finish(self) -> EngineResult:
         new: list[Finding] = []
