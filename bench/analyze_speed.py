@@ -2,9 +2,10 @@
 
 Builds a realistic HF Trainer + DeepSpeed stdout log (DeepSpeed banner and config dump, per-step
 timer/throughput INFO lines, tqdm progress lines, an HF log dict every 10 steps, `step=` lines,
-occasional warnings and an fp16 overflow at start-up) of 1M lines, runs both commands as
-subprocesses, and prints lines/s and the ratio. Peak RSS is printed for 1M and 4M lines to show
-that memory stays flat as the file grows.
+occasional tokenization-mismatch warnings) of 1M lines, runs both commands as subprocesses, and prints
+lines/s and the ratio; then the same for the log of a run that died early (loss 0.0 and grad_norm nan
+from 10% on), the case lossguard exists for. Peak RSS is printed for 1M and 4M lines to show that memory
+stays flat as the file grows.
 
     python bench/analyze_speed.py [--lines 1000000] [--repeat 3]
 """
@@ -31,7 +32,9 @@ HEADER = """\
 """
 
 
-def build_log(path: Path, num_lines: int, seed: int = 0) -> None:
+def build_log(path: Path, num_lines: int, seed: int = 0, dead_from: float | None = None) -> None:
+    """`dead_from`: the fraction of the log after which the run is dead (the HF dict shows loss 0.0 and
+    grad_norm nan: the NaN filter artefact), as in the six-hour logs lossguard is for."""
     rng = random.Random(seed)
     written = 0
     step = 0
@@ -52,7 +55,9 @@ def build_log(path: Path, num_lines: int, seed: int = 0) -> None:
                 "[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | fwd: 120.1 | "
                 "bwd: 240.2 | bwd_inner: 230.1 | bwd_allreduce: 10.0 | step: 30.3",
             ]
-            if step % 10 == 0:
+            if step % 10 == 0 and dead_from is not None and written > dead_from * num_lines:
+                lines.append(f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': {step / total:.4f}}}")
+            elif step % 10 == 0:
                 lines.append(f"{{'loss': {loss:.4f}, 'grad_norm': {rng.uniform(0.5, 2):.4f}, "
                              f"'learning_rate': 1e-05, 'epoch': {step / total:.4f}}}")
                 lines.append(f"[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] "
@@ -107,6 +112,12 @@ def main() -> None:
         print(f"grep -c          : {grep_s:7.3f} s  {args.lines / grep_s:>12,.0f} lines/s")
         print(f"lossguard analyze: {ours_s:7.3f} s  {args.lines / ours_s:>12,.0f} lines/s")
         print(f"ratio analyze / grep: {ours_s / grep_s:.2f}x  (target <= 5x)")
+        dead = Path(tmp) / "dead.log"
+        build_log(dead, args.lines, dead_from=0.1)
+        dead_grep_s, _ = best(["grep", "-c", "loss", str(dead)], args.repeat)
+        dead_s, _ = best([*analyze, str(dead)], args.repeat)
+        print(f"same log, dead (loss 0.0, grad_norm nan) after its first 10%: analyze {dead_s:.3f} s, "
+              f"grep -c {dead_grep_s:.3f} s: {dead_s / dead_grep_s:.2f}x")
         big = Path(tmp) / "train4x.log"
         build_log(big, 4 * args.lines)
         _, rss_4 = best([*analyze, str(big)], 1)
