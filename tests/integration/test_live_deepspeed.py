@@ -76,3 +76,16 @@ def test_a_rank_failing_after_the_halt_decision_still_halts_with_the_others(tmp_
     assert ranks[0]["halted_at"] == ranks[1]["halted_at"] == FAULT_STEP, ranks
     assert "injected snapshot failure" in (tmp_path / name / "events" / "events-rank1.jsonl").read_text() or \
         "injected snapshot failure" in log
+
+
+def test_a_fingerprint_failing_midway_through_zero3_gathers_does_not_hang_the_job(tmp_path):
+    """ZeRO-3 fingerprints gather the parameters one by one, each gather a collective. Rank 1's own arithmetic
+    fails on the third parameter at step 4: it still joins every remaining gather, so both ranks leave the
+    fingerprint together, the error is reported, and the job finishes on every rank. (Leaving the loop at
+    the failure paired rank 1's next collective with rank 0's next gather.)"""
+    name = "z3-fingerprint-fails"
+    summaries, log = run_job("ds_job.py", tmp_path, [name], timeout_s=300)
+    ranks = [json.loads((tmp_path / name / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1], ranks
+    assert ranks[0]["global_step"] == 8 and ranks[0]["halted_at"] is None
+    assert "injected fingerprint failure" in log + (tmp_path / name / "events" / "events-rank1.jsonl").read_text()

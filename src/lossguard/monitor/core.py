@@ -251,7 +251,10 @@ class Monitor:
                 slots[NUM_BASE + i] = lr
             present |= HAS_LR
         if self._scheduled(step):
-            slots[FINGERPRINT] = tensors.fingerprint(self.model)
+            fail_at = None
+            if self._inject == (step, self.rank, "fingerprint"):
+                self._inject, fail_at = None, 2  # mid-loop: after some ZeRO-3 gathers, before the rest
+            slots[FINGERPRINT] = tensors.fingerprint(self.model, inject_failure_at=fail_at)
             present |= HAS_PRINT
             ratios = self.updates.ratios()
             if ratios is not None:

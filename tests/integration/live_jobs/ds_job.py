@@ -35,6 +35,8 @@ def run(out_dir: str, name: str) -> None:
         kw.update(bf16=True, check_grad_overflow=False)
     if fault == "nan-bf16-snapshot-fails":  # rank 1's work after the halt decision raises at the fault step
         os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1:snapshot"
+    if fault == "fingerprint-fails":  # rank 1's fingerprint raises midway through the ZeRO-3 gathers
+        os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1:fingerprint"
     if fault in ("fp16-storm", "healthy-fp16"):
         kw.update(fp16=True, initial_scale_power=32 if fault == "healthy-fp16" else 16)
     model = tiny.tiny_gpt2()
