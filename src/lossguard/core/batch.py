@@ -45,7 +45,6 @@ class Batch:
             return []
         return [v for v in column if v is not None] if None in column else column
 
-
     def train_losses(self) -> list[tuple[Record, float]]:
         """(record, loss) for each record with a finite loss (the raw loss where a record has one): what
         the loss-trend detectors read, computed once for all of them."""
