@@ -251,11 +251,10 @@ class Monitor:
                 slots[NUM_BASE + i] = lr
             present |= HAS_LR
         if self._scheduled(step):
-            fail_at = None
-            if self._inject == (step, self.rank, "fingerprint"):
-                self._inject, fail_at = None, 2  # mid-loop: after some ZeRO-3 gathers, before the rest
-            slots[FINGERPRINT] = tensors.fingerprint(self.model, inject_failure_at=fail_at)
-            present |= HAS_PRINT
+            print_ = tensors.fingerprint(self.model)
+            if print_ is not None:  # None: ZeRO-3, no replicas to compare
+                slots[FINGERPRINT] = print_
+                present |= HAS_PRINT
             ratios = self.updates.ratios()
             if ratios is not None:
                 for i, ratio in enumerate(ratios):

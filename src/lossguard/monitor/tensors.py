@@ -99,42 +99,25 @@ def _is_zero3(param: torch.nn.Parameter) -> bool:
     return hasattr(param, "ds_id") and hasattr(param, "ds_tensor")
 
 
-def fingerprint(model: torch.nn.Module, *, inject_failure_at: int | None = None) -> torch.Tensor:
-    """A float64 fingerprint of every parameter of this rank's full replica (device tensor).
+def fingerprint(model: torch.nn.Module) -> torch.Tensor | None:
+    """A float64 fingerprint of the parameters this rank holds as a replica (device tensor), or None when
+    it holds none.
 
     Position-weighted sums and norms, so a changed, swapped or rescaled tensor moves it. ZeRO-3
-    parameters are gathered one at a time with DeepSpeed's `GatheredParameters`: a collective that
-    every rank enters in the same order (fingerprint steps are the same on every rank). So a rank whose
-    own arithmetic fails on one parameter still takes part in every remaining gather and raises only at
-    the end: leaving the loop early would pair its next collective with the others' next gather, and
-    hang the job. `inject_failure_at` (tests, via LOSSGUARD_INJECT_INTERNAL_ERROR) fails that parameter.
+    parameters are left out: each lives once in the world, as the shards of its fp32 master, and DeepSpeed
+    re-gathers every full copy from those shards at every step (persistent ones included), so ranks can
+    never disagree on them. Leaving them out also keeps this free of collectives: gathering a 7B model's
+    embedding on every rank for a print would cost a full-model all-gather and could run a rank out of
+    memory.
     """
     params = list(model.parameters())
-    total, error = None, None
+    total = None
     for index, param in enumerate(params):
-        weight = 1.0 + index / max(len(params), 1)
-        try:
-            if _is_zero3(param):
-                import deepspeed
-
-                with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-                    term = _print_of(param, index == inject_failure_at)
-            else:
-                term = _print_of(param, index == inject_failure_at)
-        except Exception as exc:  # re-raised after the loop
-            error = error or exc
+        if _is_zero3(param):
             continue
-        term = term * weight
+        term = _tensor_print(param.data) * (1.0 + index / len(params))
         total = term if total is None else total + term
-    if error is not None:
-        raise error
-    return total if total is not None else torch.zeros((), dtype=torch.float64)
-
-
-def _print_of(param: torch.nn.Parameter, fail: bool) -> torch.Tensor:
-    if fail:
-        raise RuntimeError("injected fingerprint failure (LOSSGUARD_INJECT_INTERNAL_ERROR)")
-    return _tensor_print(param.data)
+    return total
 
 
 def _tensor_print(tensor: torch.Tensor) -> torch.Tensor:

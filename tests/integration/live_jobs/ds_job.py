@@ -35,8 +35,6 @@ def run(out_dir: str, name: str) -> None:
         kw.update(bf16=True, check_grad_overflow=False)
     if fault == "nan-bf16-snapshot-fails":  # rank 1's work after the halt decision raises at the fault step
         os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1:snapshot"
-    if fault == "fingerprint-fails":  # rank 1's fingerprint raises midway through the ZeRO-3 gathers
-        os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1:fingerprint"
     if fault in ("fp16-storm", "healthy-fp16"):
         kw.update(fp16=True, initial_scale_power=32 if fault == "healthy-fp16" else 16)
     model = tiny.tiny_gpt2()
@@ -70,6 +68,7 @@ def run(out_dir: str, name: str) -> None:
         # This rank's events file is /dev/full: every write fails with ENOSPC, as on a node whose disk filled.
         os.makedirs(os.path.join(work, "events"), exist_ok=True)
         os.symlink("/dev/full", os.path.join(work, "events", "events-rank1.jsonl"))
+    gathers = _count_gathered_parameters() if fault == "healthy-count-gathers" else None
     guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="warning",
                              fingerprint_every=1, halt_checkpoint_dir=ckpt, detectors=None)
     data = tiny.Tokens()
@@ -99,7 +98,8 @@ def run(out_dir: str, name: str) -> None:
     guard.detach()
     os.environ.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:  # what each rank decided, for agreement
-        json.dump({"halted_at": halted, "global_step": engine.global_steps, "disabled": guard.monitor.disabled}, fh)
+        json.dump({"halted_at": halted, "global_step": engine.global_steps, "disabled": guard.monitor.disabled,
+                   "gathered_parameters_calls": gathers[0] if gathers else None}, fh)
     if rank == 0:
         findings = [f.to_dict() for f in guard.monitor._emitted]
         with open(os.path.join(work, "summary.json"), "w") as fh:
@@ -107,6 +107,22 @@ def run(out_dir: str, name: str) -> None:
                        "disabled": guard.monitor.disabled, "checkpoint": ckpt if halted else None,
                        "findings": findings}, fh, default=str)
     engine.destroy() if hasattr(engine, "destroy") else None
+
+
+def _count_gathered_parameters() -> list[int]:
+    """Count every `deepspeed.zero.GatheredParameters` context entered from now on (DeepSpeed's own
+    training step does not use it; a monitor that gathered parameters for a print would)."""
+    import deepspeed
+
+    count = [0]
+    enter = deepspeed.zero.GatheredParameters.__enter__
+
+    def counting_enter(self):
+        count[0] += 1
+        return enter(self)
+
+    deepspeed.zero.GatheredParameters.__enter__ = counting_enter
+    return count
 
 
 if __name__ == "__main__":
