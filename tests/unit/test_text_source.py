@@ -168,3 +168,24 @@ def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkey
     assert len(fast) == len(generic) > 2500
     for a, b in zip(fast, generic):
         assert repr(a) == repr(b)  # repr: NaN == NaN
+
+
+def test_the_anchor_trie_finds_exactly_the_lines_that_hold_an_anchor_string():
+    from lossguard.sources import patterns as P
+    from tests.conftest import FIXTURES
+
+    rng = random.Random(5)
+    anchors = [a.encode() for a in P.ANCHOR_STRINGS]
+    lines = [line for path in sorted(FIXTURES.rglob("*.log")) for line in path.read_bytes().splitlines()]
+    alphabet = b"abcdeilnorstvw{}'\"_ .=(OVERFLWZ"
+    for _ in range(5000):
+        noise = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        if rng.random() < 0.3:  # an anchor, or an anchor cut short, somewhere in the line
+            anchor = rng.choice(anchors)
+            cut = anchor[: rng.randrange(1, len(anchor) + 1)]
+            at = rng.randrange(0, len(noise) + 1)
+            noise = noise[:at] + cut + noise[at:]
+        lines.append(noise)
+    held = [any(a in line for a in anchors) for line in lines]
+    assert sum(held) > 1000
+    assert [P.ANCHORS.search(line) is not None for line in lines] == held

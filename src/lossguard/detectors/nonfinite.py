@@ -3,6 +3,7 @@ DeepSpeed's grad-norm sentinels). KNOWLEDGE.md §0.1, §0.4, §0.6."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -193,16 +194,8 @@ class GradNormSentinel(DetectorBase):
         if record.kind != TRAIN or grad is None:
             return []
         state = self._state[record.rank]
-        k = sentinel_index(grad)
-        if k is None:
-            state.value, state.streak, state.since = None, 0, None
-            return []
-        if state.value == grad:
-            state.streak += 1
-        else:
-            state.value, state.streak, state.since = grad, 1, record.step
-        loss = record.signals.get("loss")
-        if state.streak >= self._STREAK or (loss == 0.0 and state.streak >= 1) or is_nonfinite(loss):
+        k = self._track(state, record.step, grad)
+        if k is not None and self._pinned(state, record.signals.get("loss")):
             return self.emit(
                 f"grad_norm is {grad} (sqrt({k})) from step {state.since}: DeepSpeed reports sqrt(number of "
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
@@ -211,9 +204,33 @@ class GradNormSentinel(DetectorBase):
 
     def absorb(self, batch: Batch) -> bool:
         grads = batch.present("grad_norm")
-        if any_sentinel(grads):
-            return False
-        if grads:
+        if not grads:
+            return True
+        if not any_sentinel(grads):
             state = self._state[batch.rank]
             state.value, state.streak, state.since = None, 0, None
+            return True
+        # A healthy norm can be exactly 1.0 now and then: run the streak on a copy and hand the batch back
+        # only if it would report.
+        current = self._state.peek(batch.rank)
+        state = dataclasses.replace(current) if current is not None else _SentinelState()
+        for step, grad, loss in zip(batch.steps, batch.column("grad_norm"), batch.column("loss")):
+            if grad is not None and self._track(state, step, grad) is not None and self._pinned(state, loss):
+                return False
+        self._state.put(batch.rank, state)
         return True
+
+    @staticmethod
+    def _track(state: _SentinelState, step: int | None, grad: float) -> int | None:
+        """Follow the run of one sentinel value; k when `grad` is sqrt(k), else None (the run ends)."""
+        k = sentinel_index(grad)
+        if k is None:
+            state.value, state.streak, state.since = None, 0, None
+        elif state.value == grad:
+            state.streak += 1
+        else:
+            state.value, state.streak, state.since = grad, 1, step
+        return k
+
+    def _pinned(self, state: _SentinelState, loss: float | None) -> bool:
+        return state.streak >= self._STREAK or (loss == 0.0 and state.streak >= 1) or is_nonfinite(loss)
