@@ -60,6 +60,7 @@ def test_bad_inputs_get_one_clear_line_and_exit_2(cli, tmp_path):
     prose = tmp_path / "prose.txt"
     prose.write_text("hello\nworld\n")
     _bad(cli("analyze", prose), "no training metrics")
+    _bad(cli("analyze", "-", stdin=b""), "-: no training metrics")
     _bad(cli("analyze", EXCERPTS / "healthy_hf5.log", "--config", tmp_path / "nope.json"), "nope.json")
     bad_json = tmp_path / "ds.json"
     bad_json.write_text('{"zero_optimization": {"stage": 2,,}}')
