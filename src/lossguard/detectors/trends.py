@@ -150,6 +150,17 @@ class _FlatTrend(_Trend):
         return twin
 
 
+def _repeat(value: float | None, streak: int, since: int | None, loss: float,
+            step: int | None) -> tuple[float | None, int, int | None]:
+    """The run of logs at the same loss (within 0.01%): (its value, its length, its first step) after
+    `loss`. An exact 0.0 ends a run without starting one: zeros are other detectors' business."""
+    if loss == 0.0:
+        return value, 0, since
+    if value is not None and math.isclose(loss, value, rel_tol=1e-4):
+        return value, streak + 1, since
+    return loss, 1, step
+
+
 @register
 class LossNotLearning(_TrendDetector):
     """LOSS004: the loss does not move: the same value log after log, or (over a whole run logged from
@@ -175,13 +186,8 @@ class LossNotLearning(_TrendDetector):
         if grad is not None and not is_nonfinite(grad):
             state.grad_sum += grad
             state.grad_num += 1
-        if loss == 0.0:
-            state.repeat_streak = 0
-            return None
-        if state.repeat_value is not None and math.isclose(loss, state.repeat_value, rel_tol=1e-4):
-            state.repeat_streak += 1
-        else:
-            state.repeat_value, state.repeat_streak, state.repeat_since = loss, 1, record.step
+        state.repeat_value, state.repeat_streak, state.repeat_since = _repeat(
+            state.repeat_value, state.repeat_streak, state.repeat_since, loss, record.step)
         if state.repeat_streak >= self._STREAK:
             return (f"loss stays at {loss:g} for {state.repeat_streak} logs from step "
                     f"{state.repeat_since}: the model is not learning", state.repeat_since, record.rank,
@@ -190,15 +196,10 @@ class LossNotLearning(_TrendDetector):
 
     def absorb_quietly(self, state: _FlatTrend, losses: list[tuple[Record, float]]) -> bool:
         value, streak, since = state.repeat_value, state.repeat_streak, state.repeat_since
-        for record, loss in losses:  # `check`'s repeat logic, on locals
-            if loss == 0.0:
-                streak = 0
-            elif value is not None and math.isclose(loss, value, rel_tol=1e-4):
-                streak += 1
-                if streak >= self._STREAK:
-                    return False
-            else:
-                value, streak, since = loss, 1, record.step
+        for record, loss in losses:  # `check`'s repeat run, on locals
+            value, streak, since = _repeat(value, streak, since, loss, record.step)
+            if streak >= self._STREAK:
+                return False
         values = [loss for _, loss in losses]
         state.repeat_value, state.repeat_streak, state.repeat_since = value, streak, since
         state.head.extend(values[: _FLAT_WINDOW - len(state.head)])
@@ -273,6 +274,11 @@ class LossDivergence(_TrendDetector):
         return True
 
 
+def _spikes(loss: float, ema: float | None) -> bool:
+    """3x the running average, and half a nat above it (a tiny loss tripling is not a spike)."""
+    return bool(ema) and loss > 3.0 * ema and loss > ema + 0.5
+
+
 @register
 class LossSpike(_TrendDetector):
     """LOSS006: an isolated loss spike (3x the running average) that comes back down."""
@@ -295,7 +301,7 @@ class LossSpike(_TrendDetector):
             if state.spike_age > self._RECOVER_WITHIN:
                 state.spike_at = None  # did not recover: divergence's business
             return None
-        if state.num > _BASELINE_LOGS and state.ema and loss > 3.0 * state.ema and loss > state.ema + 0.5:
+        if state.num > _BASELINE_LOGS and _spikes(loss, state.ema):
             state.spike_at, state.spike_value, state.spike_age = record.step, loss, 0
         return None
 
@@ -305,8 +311,8 @@ class LossSpike(_TrendDetector):
     def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
         values = [loss for _, loss in losses]
         ema = state.ema
-        for value in values:  # `check`'s spike test against the EMA as it stands at each log
-            if ema and value > 3.0 * ema and value > ema + 0.5:
+        for value in values:  # `check`'s spike test (the baseline is set) against the EMA at each log
+            if _spikes(value, ema):
                 return False
             ema = 0.8 * ema + 0.2 * value
         self._advance(state, values)
