@@ -54,6 +54,8 @@ def explain(topic: str) -> str | None:
 
 def _signature(sig: str) -> str:
     verdict, meaning = SIGNATURES[sig]
+    if verdict == "broken":  # see diagnose(): only an error or worse kills a run
+        verdict += " (warning when only warning-level findings show it)"
     lines = [f"{sig}: {meaning}", f"verdict when it is the primary signature: {verdict}", ""]
     detectors = [f() for f in registered()]
     reporters = [f"{d.code} ({d.name})" for d in detectors if d.signature == sig]
