@@ -22,7 +22,7 @@ class Batch:
     """Consecutive train records of one rank, with aligned columns per signal (None where a record
     lacks the signal), built once and shared by every detector."""
 
-    __slots__ = ("records", "rank", "steps", "columns", "_train_losses")
+    __slots__ = ("records", "rank", "steps", "columns", "_train_losses", "_train_loss_values")
 
     def __init__(self, records: list[Record]) -> None:
         self.records = records
@@ -32,6 +32,7 @@ class Batch:
         # Every name any record has (a C-speed union), sorted so that the order is the same every run.
         self.columns = {name: [one.get(name) for one in signals] for name in sorted(set().union(*signals))}
         self._train_losses: list[tuple[Record, float]] | None = None
+        self._train_loss_values: list[float] | None = None
 
     def column(self, name: str) -> list[float | None]:
         """Values of `name` aligned with `records`; an all-None list when no record has it."""
@@ -58,7 +59,10 @@ class Batch:
         return self._train_losses
 
     def train_loss_values(self) -> list[float]:
-        return [loss for _, loss in self.train_losses()]
+        """The losses of `train_losses()` alone, computed once."""
+        if self._train_loss_values is None:
+            self._train_loss_values = [loss for _, loss in self.train_losses()]
+        return self._train_loss_values
 
 
 def all_finite(values: list[float | None]) -> bool:

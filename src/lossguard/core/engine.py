@@ -70,16 +70,21 @@ class Engine:
     def feed(self, record: Record) -> list[Finding]:
         self._start()
         self._account(record)
+        new = self._observe(record)
+        self._keep(record, new)
+        return self._collect(new)
+
+    def _observe(self, record: Record, only: set[int] | None = None) -> list[Finding]:
+        """Every routed detector (or those whose id is in `only`) observes the record."""
         new: list[Finding] = []
         for detector in self._route(record):
-            if detector.code in self._broken:
+            if detector.code in self._broken or (only is not None and id(detector) not in only):
                 continue
             try:
                 new.extend(detector.observe(record))
             except Exception as exc:  # a lossguard bug must not stop the stream
                 new.append(self._internal_error(detector, exc))
-        self._keep(record, new)
-        return self._collect(new)
+        return new
 
     def _route(self, record: Record) -> list[Detector]:
         """Detectors that declare `wants` (signal and event names) see only matching records: a big
@@ -146,14 +151,7 @@ class Engine:
             return
         # Some detector saw something: those detectors take the records one by one, in order.
         for record in records:
-            new: list[Finding] = []
-            for detector in self._route(record):
-                if id(detector) not in declined or detector.code in self._broken:
-                    continue
-                try:
-                    new.extend(detector.observe(record))
-                except Exception as exc:
-                    new.append(self._internal_error(detector, exc))
+            new = self._observe(record, only=declined)
             self._keep(record, new)
             if (kept := self._collect(new)) and on_findings is not None:
                 on_findings(record, kept)

@@ -44,6 +44,11 @@ class _Trend:
         return twin
 
 
+def _next_ema(ema: float, loss: float) -> float:
+    """The running average after one more log; every path folds it with this, so they agree to the bit."""
+    return 0.8 * ema + 0.2 * loss
+
+
 def _train_loss(record: Record) -> float | None:
     if record.kind != TRAIN:
         return None
@@ -77,7 +82,7 @@ class _TrendDetector(DetectorBase):
             return True
         current = self._state.peek(batch.rank)
         if current is not None and current.num >= _BASELINE_LOGS and self.calm(current) and \
-                self.absorb_quietly(current, losses):
+                self.absorb_quietly(current, batch):
             return True
         # Near the start (the baseline is forming) or when the fast check is unsure: the same `_step`
         # as `observe`, on a copy of the state.
@@ -97,11 +102,11 @@ class _TrendDetector(DetectorBase):
             if state.num == _BASELINE_LOGS:
                 state.baseline = state.baseline_sum / _BASELINE_LOGS
         alarm = self.check(record, loss, state)
-        state.ema = loss if state.ema is None else 0.8 * state.ema + 0.2 * loss
+        state.ema = loss if state.ema is None else _next_ema(state.ema, loss)
         state.minimum = min(state.minimum, loss)
         return alarm
 
-    def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
+    def absorb_quietly(self, state: _Trend, batch: Batch) -> bool:
         """The fast path once the baseline is set: prove from the batch as a whole that `check` stays
         quiet, then update the state in bulk; False (state untouched) when it cannot."""
         return False
@@ -112,7 +117,7 @@ class _TrendDetector(DetectorBase):
         same order with the same arithmetic as one by one, so it is bit-identical."""
         ema = state.ema
         for value in values:
-            ema = 0.8 * ema + 0.2 * value
+            ema = _next_ema(ema, value)
         state.num += len(values)
         state.ema = ema
         state.minimum = min(state.minimum, min(values))
@@ -194,13 +199,14 @@ class LossNotLearning(_TrendDetector):
                     {"value": loss})
         return None
 
-    def absorb_quietly(self, state: _FlatTrend, losses: list[tuple[Record, float]]) -> bool:
+    def absorb_quietly(self, state: _FlatTrend, batch: Batch) -> bool:
+        losses = batch.train_losses()
         value, streak, since = state.repeat_value, state.repeat_streak, state.repeat_since
         for record, loss in losses:  # `check`'s repeat run, on locals
             value, streak, since = _repeat(value, streak, since, loss, record.step)
             if streak >= self._STREAK:
                 return False
-        values = [loss for _, loss in losses]
+        values = batch.train_loss_values()
         state.repeat_value, state.repeat_streak, state.repeat_since = value, streak, since
         state.head.extend(values[: _FLAT_WINDOW - len(state.head)])
         state.tail.extend(values)
@@ -260,10 +266,10 @@ class LossDivergence(_TrendDetector):
                     {"baseline": reference, "value": loss})
         return None
 
-    def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
+    def absorb_quietly(self, state: _Trend, batch: Batch) -> bool:
         # The reference only falls as the minimum does, and the bar rises with it: if the highest loss
         # stays under the bar of the lowest possible reference, no log of the batch is high.
-        values = [loss for _, loss in losses]
+        values = batch.train_loss_values()
         lowest = min(state.minimum, min(values))
         if state.baseline:
             lowest = min(lowest, state.baseline)
@@ -308,13 +314,13 @@ class LossSpike(_TrendDetector):
     def calm(self, state: _Trend) -> bool:
         return state.spike_at is None
 
-    def absorb_quietly(self, state: _Trend, losses: list[tuple[Record, float]]) -> bool:
-        values = [loss for _, loss in losses]
+    def absorb_quietly(self, state: _Trend, batch: Batch) -> bool:
+        values = batch.train_loss_values()
         ema = state.ema
         for value in values:  # `check`'s spike test (the baseline is set) against the EMA at each log
             if _spikes(value, ema):
                 return False
-            ema = 0.8 * ema + 0.2 * value
+            ema = _next_ema(ema, value)
         self._advance(state, values)
         return True
 
