@@ -13,7 +13,8 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - HF Trainer stdout: {'loss': 0.0, 'grad_norm': nan, ...} (4.x numbers) and {'loss': '4.714', ...}
     (5.x quoted strings), inside tqdm progress lines, with multi-node host prefixes (duplicates dropped),
     eval dicts and the final train_runtime dict
-  - trainer_state.json (log_history, NaN literals); output directories with checkpoint-*
+  - trainer_state.json (log_history, NaN literals), under any file name and when cut mid-file (the
+    complete entries are read); output directories with checkpoint-*
   - DeepSpeed lines: OVERFLOW! ... Attempted loss scale, loss scale at minimum, step=N, skipped=M, lr=[...],
     the config dump (version, zero_config, bf16/fp16, communication_data_type, world size)
   - warnings: tokenization mismatch, lr before scheduler stepped, None of the inputs have requires_grad,
@@ -22,7 +23,16 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - LLaMA-Factory trainer_log.jsonl, ms-swift JSON lines, generic JSONL / CSV with a step column
   - Megatron `iteration N/ M | lm loss: ... | loss scale: ... | grad norm: ...` lines
   - mmengine `Epoch(train) [e][i/N] lr: ... loss: ... grad_norm: ...` lines
-  - lossguard's own live events directory (events-rank*.jsonl)"""
+  - lossguard's own live events directory (events-rank*.jsonl)
+  - any other line with a loss-like name next to a number (loss, Loss, lm loss, train/loss, train_loss,
+    closs, reduced_train_loss, act_loss, ...; grad_norm / gnorm / grad norm; lr / learning_rate / lr=[...];
+    eval_loss / val_loss / valid loss as evaluation; RL reward, reward_std, kl), in the shapes tools print:
+    k: v, k=v, k v, | k | v |, JSON and Python dicts (also with full-width punctuation), tqdm postfixes,
+    quoted values, tensor(2.3, device=...), nan / NaN / inf. The step comes from step / iter / global_step /
+    num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]) or a `step N`
+    line above a block of metric lines; a bare printed loss tensor counts as one step. Torchtune,
+    Lightning, NeMo, fairseq, DeepSpeed-Chat, nanoGPT, MLX and MetricLogger logs are read this way
+  - a log that holds only DeepSpeed loss-scaler overflow lines"""
 
 
 def topics() -> list[tuple[str, str]]:
