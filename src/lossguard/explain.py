@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 from lossguard.core.detector import registered
 from lossguard.diagnose.catalog import CAUSES
@@ -86,9 +87,22 @@ def _lint_rules() -> list:
 
 
 def _rule(rule) -> str:
-    lines = [f"{rule.code} {rule.name} ({rule.severity})", "", getattr(rule, "doc", "") or rule.summary]
-    for link in getattr(rule, "evidence", []) or []:
-        lines.append(f"evidence: {link}")
-    for title, example in (getattr(rule, "examples", None) or {}).items():
-        lines += ["", f"{title}:", str(example)]
+    lines = [f"{rule.code} {rule.name} ({rule.severity})", "", rule.doc() or rule.summary]
+    if rule.evidence:
+        lines += ["", "evidence:", *(f"  {link}" for link in rule.evidence)]
+    if rule.examples:
+        lines += ["", "examples (the rule's own tests):"]
+        lines += [_example(example) for example in rule.examples]
     return "\n".join(lines)
+
+
+def _example(example) -> str:
+    """One example as a line: flagged or not, the config, and what else it was linted with."""
+    verdict = "valid  " if example.valid else "flagged"
+    extra = [f"{k}={v}" for k, v in {"versions": example.env, "args": example.args, "options": example.options}.items()
+             if v]
+    if example.fixed is not None:
+        extra.append(f"--fix gives {json.dumps(example.fixed)}")
+    if example.note:
+        extra.append(example.note)
+    return f"  {verdict} {json.dumps(example.config)}" + (f"  ({'; '.join(extra)})" if extra else "")

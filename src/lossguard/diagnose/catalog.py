@@ -23,16 +23,16 @@ SINGLE_RANK = ("world_size", "==", 1, 0.05, "a single rank cannot race on reduct
 CAUSES: list[dict] = [
     {
         "id": "zero12-overlap-race",
-        "title": "ZeRO-1/2 overlap_comm gradient-reduction race corrupts the averaged gradient (KNOWLEDGE B1)",
+        "title": "ZeRO-1/2 overlap_comm gradient-reduction race corrupts the averaged gradient",
         "signatures": {"nonfinite-hidden": 0.45, "nonfinite": 0.35, "zero-loss": 0.15},
         "conditions": [
             ZERO12, NOT_ZERO12, OVERLAP_ON, OVERLAP_OFF, SINGLE_RANK,
             ("deepspeed_version", "version_in", ["0.8.0", "0.14.3"], 3.0,
-             "DeepSpeed {value} is in the B1 window 0.8.0-0.14.2 (fixed by PR #5606 in 0.14.3)"),
+             "DeepSpeed {value} is in the 0.8.0-0.14.2 race window (fixed by PR #5606 in 0.14.3)"),
             ("deepspeed_version", "version_in", ["0.19.3", None], 0.3,
              "DeepSpeed {value} has the known overlap fixes (#5606, #7805, #7965, #8080)"),
             ("communication_data_type", "==", "fp32", 1.5,
-             "communication_data_type fp32 widens the race window (B6)"),
+             "communication_data_type fp32 widens the race window"),
             ("num_nodes", ">=", 2, 1.5, "{value} nodes: slower communication widens the race window"),
         ],
         "evidence": [f"{DS}/issues/4298", f"{DS}/pull/5606", f"{DS}/issues/5545"],
@@ -41,7 +41,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "zero12-multi-rank-bucket",
-        "title": "use_multi_rank_bucket_allreduce path regression, DeepSpeed 0.12.4-0.14.x (KNOWLEDGE B2)",
+        "title": "use_multi_rank_bucket_allreduce path regression, DeepSpeed 0.12.4-0.14.x",
         "signatures": {"nonfinite-hidden": 0.2, "nonfinite": 0.15},
         "conditions": [
             ZERO12, NOT_ZERO12, SINGLE_RANK,
@@ -59,7 +59,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "zero12-pingpong-index-reset",
-        "title": "IPG ping-pong buffer index reset, DeepSpeed 0.17.2-0.17.4 (KNOWLEDGE B3)",
+        "title": "IPG ping-pong buffer index reset, DeepSpeed 0.17.2-0.17.4",
         "signatures": {"nonfinite-hidden": 0.05, "nonfinite": 0.05},
         "conditions": [
             ZERO12, NOT_ZERO12, OVERLAP_OFF, SINGLE_RANK,
@@ -74,7 +74,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "zero12-buffer-lifetime",
-        "title": "reduction-stream buffer recycled before the all-reduce finished, DeepSpeed < 0.19.0 (KNOWLEDGE B4)",
+        "title": "reduction-stream buffer recycled before the all-reduce finished, DeepSpeed < 0.19.0",
         "signatures": {"nonfinite-hidden": 0.1, "nonfinite": 0.1},
         "conditions": [
             ZERO12, NOT_ZERO12, OVERLAP_ON, OVERLAP_OFF, SINGLE_RANK,
@@ -89,8 +89,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "bf16-no-overflow-check",
-        "title": "bf16 ZeRO applies a non-finite gradient: no overflow check, so one bad step kills the weights "
-                 "(KNOWLEDGE 0.6)",
+        "title": "bf16 ZeRO applies a non-finite gradient: no overflow check, so one bad step kills the weights",
         "signatures": {"nonfinite-hidden": 0.35, "nonfinite": 0.3},
         "conditions": [
             ("bf16", "==", True, 2.0, "bf16 is on"),
@@ -108,8 +107,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "fp16-activation-overflow",
-        "title": "fp16 activations exceed 65504 (a bf16-pretrained model trained in fp16): every step overflows "
-                 "(KNOWLEDGE C1)",
+        "title": "fp16 activations exceed 65504 (a bf16-pretrained model trained in fp16): every step overflows",
         "signatures": {"fp16-overflow": 0.8, "nonfinite-hidden": 0.05, "lr-zero": 0.3},
         "conditions": [
             ("fp16", "==", True, 2.0, "fp16 is on"),
@@ -125,7 +123,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "attention-kernel-nan",
-        "title": "attention kernel produces NaN gradients (cuDNN SDPA in torch 2.5.0 / >= 2.9 on H100) (KNOWLEDGE C2)",
+        "title": "attention kernel produces NaN gradients (cuDNN SDPA in torch 2.5.0 / >= 2.9 on H100)",
         "signatures": {"nonfinite-hidden": 0.1, "nonfinite": 0.12},
         "conditions": [
             ("torch_version", "version_in", ["2.5.0", "2.5.1"], 5.0, "torch {value} defaults to cuDNN SDPA on H100"),
@@ -142,7 +140,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "lr-too-high",
-        "title": "learning rate too high or a bad batch: the loss or gradient spikes, then diverges (KNOWLEDGE C3)",
+        "title": "learning rate too high or a bad batch: the loss or gradient spikes, then diverges",
         "signatures": {"divergence": 0.7, "loss-spike": 0.6, "nonfinite": 0.15, "nonfinite-hidden": 0.1},
         "conditions": [
             ("finding:LOSS006", "==", True, 2.0, "a loss spike came before"),
@@ -156,8 +154,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "masked-batch-nan",
-        "title": "a fully masked batch under mean-reduced cross-entropy returns NaN and poisons the weights "
-                 "(KNOWLEDGE C4)",
+        "title": "a fully masked batch under mean-reduced cross-entropy returns NaN and poisons the weights",
         "signatures": {"nonfinite-hidden": 0.1, "nonfinite": 0.1},
         "conditions": [
             ("event:tokenization-mismatch", ">=", 1, 4.0, "{value} tokenization-mismatch warnings"),
@@ -170,7 +167,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "template-mismatch",
-        "title": "conversation template / tokenizer mismatch masks every target (KNOWLEDGE D1)",
+        "title": "conversation template / tokenizer mismatch masks every target",
         "signatures": {"masked-labels": 0.55, "zero-loss": 0.35},
         "conditions": [
             ("event:tokenization-mismatch", ">=", 1, 5.0, "{value} 'tokenization mismatch' warnings"),
@@ -183,7 +180,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "truncation-cuts-answers",
-        "title": "max length too small: truncation removes every answer token (KNOWLEDGE D2)",
+        "title": "max length too small: truncation removes every answer token",
         "signatures": {"masked-labels": 0.35, "zero-loss": 0.25},
         "conditions": [
             ("event:response-key-missing", ">=", 1, 5.0, "{value} 'Could not find response key' warnings"),
@@ -194,7 +191,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "image-token-mismatch",
-        "title": "VLM image-token count mismatch: the model multiplies the loss by 0 (KNOWLEDGE D3)",
+        "title": "VLM image-token count mismatch: the model multiplies the loss by 0",
         "signatures": {"masked-labels": 0.05, "zero-loss": 0.05},
         "conditions": [("event:image-token-mismatch", ">=", 1, 40.0, "{value} image-token mismatch warnings")],
         "evidence": ["https://github.com/OpenGVLab/InternVL/issues/254"],
@@ -203,8 +200,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "lora-reentrant-checkpointing",
-        "title": "LoRA + reentrant gradient checkpointing with frozen inputs: no gradient reaches the adapters "
-                 "(KNOWLEDGE E1)",
+        "title": "LoRA + reentrant gradient checkpointing with frozen inputs: no gradient reaches the adapters",
         "signatures": {"no-grad-flow": 0.55, "not-learning": 0.3},
         "conditions": [
             ("event:no-input-grad", ">=", 1, 3.0, "PyTorch warned 'None of the inputs have requires_grad=True'"),
@@ -219,7 +215,7 @@ CAUSES: list[dict] = [
     {
         "id": "trainable-not-optimized",
         "title": "trainable set != optimised set: frozen by a flag mistake, or a module created after the "
-                 "optimizer (KNOWLEDGE E2)",
+                 "optimizer",
         "signatures": {"no-grad-flow": 0.45, "not-learning": 0.35},
         "conditions": [
             ("event:trainable-params", ">=", 1, 1.0, ""),
@@ -262,7 +258,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "label-leakage",
-        "title": "label leakage through the attention mask (defeated causal mask, packing): loss collapses (KNOWLEDGE F)",
+        "title": "label leakage through the attention mask (defeated causal mask, packing): loss collapses",
         "signatures": {"memorization": 0.25},
         "conditions": [("transformers_version", "version_in", ["4.42.1", "4.42.4"], 4.0,
                         "transformers {value}: Gemma-2 4-D mask bug (#31673)"),
@@ -276,7 +272,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "benign-memorization",
-        "title": "benign memorisation of a small dataset: the loss is truly tiny (KNOWLEDGE 0.2, F4)",
+        "title": "benign memorisation of a small dataset: the loss is truly tiny",
         "signatures": {"memorization": 0.75},
         "conditions": [("LOSS007.eval_ratio", ">=", 1.0, 3.0,
                         "eval_loss ({value:.2f} of the initial loss) rose while the training loss vanished: "
@@ -287,7 +283,7 @@ CAUSES: list[dict] = [
     },
     {
         "id": "replica-divergence",
-        "title": "data-parallel replicas drifted apart: a rank-local update or corrupted all-reduce (KNOWLEDGE C5)",
+        "title": "data-parallel replicas drifted apart: a rank-local update or corrupted all-reduce",
         "signatures": {"rank-desync": 1.0},
         "conditions": [],
         "evidence": ["https://github.com/NVIDIA/nccl/issues/1199"],
