@@ -37,7 +37,7 @@ class RunFacts:
     num_nodes: int | None = None
     gradient_accumulation_steps: int | None = None
     gradient_checkpointing: bool | None = None
-    lora: bool | None = None
+    entry_point: str | None = None  # how the live guard was attached: guard, hf, deepspeed
     # Where each fact came from, for evidence lines: {"overlap_comm": "ds_config.json"}.
     origin: dict[str, str] = field(default_factory=dict)
 
