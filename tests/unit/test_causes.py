@@ -122,3 +122,12 @@ def test_json_shows_rank_words_not_percentages():
     out = [c.to_dict() for c in rank_causes(signature, run)]
     assert out[0]["confidence"] == "likely" and {"id", "evidence", "against", "fix", "score"} <= set(out[0])
     assert all(c["confidence"] in ("likely", "possible", "unlikely") for c in out)
+
+
+def test_lint_rules_read_known_issues_that_exist_and_explain_links_them():
+    from lossguard.explain import explain
+    from lossguard.lint.rules import all_rules
+
+    linked = {issue: rule.code for rule in all_rules() for issue in rule.issues}
+    assert linked and set(linked) <= set(ISSUES), set(linked) - set(ISSUES)
+    assert "DSC101" in explain("zero12-overlap-race") and "ENV304" in explain("zero3-stream-race")
