@@ -8,7 +8,7 @@ from typing import Any
 from lossguard.core.engine import EngineResult
 from lossguard.core.findings import Finding, Severity
 from lossguard.diagnose.ranking import Cause, rank_causes
-from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES
+from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES, finding_verdict
 from lossguard.knowledge.conditions import RunEvidence
 
 
@@ -62,8 +62,8 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis
     family = {signature, *RELATED.get(signature, ())}
     onset = min((f.step for f in findings if f.signature in family and f.step is not None), default=None)
     verdict = SIGNATURES[signature][0]
-    if verdict == "broken" and primary.severity < Severity.ERROR:
-        verdict = "warning"  # e.g. some label-masking warnings in a run that trains: worth a look, not dead
+    if verdict == "broken":  # the same meaning as halt_on="broken" in the guard and watch
+        verdict = finding_verdict(signature, primary.severity)
     causes = rank_causes(signature, _evidence(result, findings, onset))
     if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].confidence >= 0.5:
         verdict = "warning"  # a tiny loss is fine, unless the evidence says the answers leak in
