@@ -88,7 +88,9 @@ def facts_from_ds_config(config: dict[str, Any], origin: str) -> RunFacts:
     put("contiguous_gradients", ds.zero_flag("contiguous_gradients", True), "contiguous_gradients")
     put("use_multi_rank_bucket_allreduce", ds.zero_flag("use_multi_rank_bucket_allreduce", True),
         "use_multi_rank_bucket_allreduce")
-    put("reduce_bucket_size", ds.reduce_bucket_size, "reduce_bucket_size")
+    bucket = zero.get("reduce_bucket_size")  # a non-number ("auto") is kept as written, for the report
+    put("reduce_bucket_size", bucket if bucket is not None and ds.reduce_bucket_size is None else ds.reduce_bucket_size,
+        "reduce_bucket_size")
     put("offload_optimizer", ds.offload_optimizer, "offload_optimizer")
     put("communication_data_type", ds.communication_data_type)
     for kind in ("bf16", "fp16"):
