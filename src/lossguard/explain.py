@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 from lossguard.core.detector import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.signatures import SIGNATURES
+from lossguard.knowledge import ISSUES, KnownIssue, get_issue
 
 FORMATS = """\
 Formats `lossguard analyze` reads (auto-detected per file; per line inside text logs, mixed allowed):
@@ -42,6 +44,7 @@ def topics() -> list[tuple[str, str]]:
         rows.append((detector.code, f"{detector.name} -> {detector.signature or '-'}"))
     for rule in _lint_rules():
         rows.append((rule.code, rule.name))
+    rows += [(issue.id, issue.title) for issue in ISSUES.values()]
     rows.append(("formats", "log formats analyze reads"))
     return rows
 
@@ -52,6 +55,8 @@ def explain(topic: str) -> str | None:
         return _signature(key)
     if key.lower() == "formats":
         return FORMATS
+    if issue := get_issue(key):
+        return known_issue(issue)
     for factory in registered():
         detector = factory()
         if key.upper() == detector.code or key == detector.name:
@@ -71,14 +76,33 @@ def _signature(sig: str) -> str:
     reporters = [f"{d.code} ({d.name})" for d in detectors if d.signature == sig]
     if reporters:
         lines.append("reported by: " + ", ".join(reporters))
-    causes = sorted((c for c in CAUSES if sig in c["signatures"]), key=lambda c: -c["signatures"][sig])
+    causes = sorted((c for c in CAUSES if sig in c.priors), key=lambda c: -c.priors[sig])
     if causes:
-        lines.append("causes considered (prior before the run's facts are applied):")
+        lines.append("causes considered (prior before the run's facts; `lossguard explain ID` for one):")
         for cause in causes:
-            lines.append(f"  - {cause['id']} ({cause['signatures'][sig]:.2f}): {cause['title']}")
-            lines.append(f"      fix: {cause['fix']}")
-            if cause["evidence"]:
-                lines.append(f"      evidence: {' '.join(cause['evidence'])}")
+            lines.append(f"  - {cause.id} ({cause.priors[sig]:.2f}): {cause.issue.title}")
+            lines.append(f"      fix: {cause.issue.fix}")
+    return "\n".join(lines)
+
+
+def known_issue(issue: KnownIssue) -> str:
+    """One known issue as `lossguard explain ID` and docs/causes.md show it."""
+    lines = [f"{issue.id}: {issue.title}", "", f"mechanism: {issue.mechanism}"]
+    if issue.windows:
+        lines.append("affected versions: " + "; ".join(str(w) for w in issue.windows))
+    for label, text in (("needs", issue.config), ("looks like", issue.symptoms)):
+        if text:
+            lines.append(f"{label}: {text}")
+    lines += [f"how to confirm: {issue.confirm}", f"fix: {issue.fix}"]
+    rule = next((c for c in CAUSES if c.id == issue.id), None)
+    if rule is not None:
+        lines.append("ranked for: " + ", ".join(f"{sig} (prior {p:.2f})" for sig, p in rule.priors.items()))
+        lines += [f"  {'for' if c.supports else 'against'} (x{c.factor:g}): {c.describe()}" for c in rule.conditions]
+    rules = [r.code for r in _lint_rules() if issue.id in getattr(r, "issues", ())]
+    if rules:
+        lines.append("lint rules: " + ", ".join(rules))
+    if issue.sources:
+        lines += ["sources:", *(f"  {link}" for link in issue.sources)]
     return "\n".join(lines)
 
 
@@ -96,9 +120,22 @@ def _lint_rules() -> list:
 
 
 def _rule(rule) -> str:
-    lines = [f"{rule.code} {rule.name} ({rule.severity})", "", getattr(rule, "doc", "") or rule.summary]
-    for link in getattr(rule, "evidence", []) or []:
-        lines.append(f"evidence: {link}")
-    for title, example in (getattr(rule, "examples", None) or {}).items():
-        lines += ["", f"{title}:", str(example)]
+    lines = [f"{rule.code} {rule.name} ({rule.severity})", "", rule.doc() or rule.summary]
+    if rule.evidence:
+        lines += ["", "evidence:", *(f"  {link}" for link in rule.evidence)]
+    if rule.examples:
+        lines += ["", "examples (the rule's own tests):"]
+        lines += [_example(example) for example in rule.examples]
     return "\n".join(lines)
+
+
+def _example(example) -> str:
+    """One example as a line: flagged or not, the config, and what else it was linted with."""
+    verdict = "valid  " if example.valid else "flagged"
+    extra = [f"{k}={v}" for k, v in {"versions": example.env, "args": example.args, "options": example.options}.items()
+             if v]
+    if example.fixed is not None:
+        extra.append(f"--fix gives {json.dumps(example.fixed)}")
+    if example.note:
+        extra.append(example.note)
+    return f"  {verdict} {json.dumps(example.config)}" + (f"  ({'; '.join(extra)})" if extra else "")

@@ -13,7 +13,7 @@ from lossguard.cli.errors import UserError
 @click.command("probe")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--arms", default="auto", show_default=True,
-              help="`auto` (your config + lint fixes + KNOWLEDGE defaults) or a JSON/YAML file: a list of "
+              help="`auto` (your config + lint fixes + known prevention defaults) or a JSON/YAML file: a list of "
                    "{name, changes: {dotted.key: value}} (null deletes a key).")
 @click.option("--cmd", default=None,
               help="Your launch command with {config} where the arm's DeepSpeed config goes (and optionally "

@@ -176,7 +176,7 @@ class _SentinelState:
 @register
 class GradNormSentinel(DetectorBase):
     """GRAD001: grad_norm pinned at sqrt(k) (1.0, 1.4142135..., 1.7320508...): DeepSpeed's sentinel for
-    non-finite gradients in ZeRO-1/2 (-1 per param group, KNOWLEDGE.md §0.4)."""
+    non-finite gradients in ZeRO-1/2 (-1 per param group)."""
 
     wants = frozenset({"grad_norm"})
     code = "GRAD001"
