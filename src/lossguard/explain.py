@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from lossguard.core.detector import registered
+from lossguard.detectors import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.signatures import SIGNATURES
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from lossguard.core import engine as engine_module
-from lossguard.core.detector import make_detectors
 from lossguard.core.engine import Engine
 from lossguard.core.records import EVAL, EVENT, Record
+from lossguard.detectors import make_detectors
 from lossguard.detectors._base import PerRank
 from lossguard.sources import discover, records
 from tests.conftest import FIXTURES
@@ -49,7 +49,7 @@ def state_of(value):
 
 
 def run_both(make_records) -> tuple[Engine, Engine]:
-    one_by_one, batched = Engine(), Engine()
+    one_by_one, batched = Engine(make_detectors()), Engine(make_detectors())
     returned, called = [], []
     for record in make_records():
         if new := one_by_one.feed(record):
@@ -198,7 +198,7 @@ def test_every_builtin_detector_takes_the_fast_path_on_a_healthy_run():
     """Not only equal, but fast: on a healthy stream no detector may decline (else the batch path is
     the slow path in disguise)."""
     declined = collections.Counter()
-    engine = Engine()
+    engine = Engine(make_detectors())
     for detector in engine.detectors:
         absorb = getattr(detector, "absorb", None)
         if absorb is None:

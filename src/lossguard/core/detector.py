@@ -1,4 +1,5 @@
-"""The streaming detector protocol and its registry.
+"""The streaming detector protocol. The registry of built-in detectors lives with them
+(lossguard.detectors.registry): the engine is handed its detectors and core imports nothing above it.
 
 A detector sees records one at a time (`observe`) and once more at the end (`finish`), doing O(1)
 work per step. The same objects run live (monitor, watch), post hoc (analyze) and over probe arms.
@@ -6,7 +7,6 @@ work per step. The same objects run live (monitor, watch), post hoc (analyze) an
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from lossguard.core.findings import Finding
@@ -27,23 +27,3 @@ class Detector(Protocol):
     def observe(self, record: Record) -> list[Finding]: ...
 
     def finish(self) -> list[Finding]: ...
-
-
-# Registry: a plain list of factories, so tests can run every registered detector generically.
-_REGISTRY: list[Callable[[], Detector]] = []
-
-
-def register(factory: Callable[[], Detector]) -> Callable[[], Detector]:
-    _REGISTRY.append(factory)
-    return factory
-
-
-def registered() -> list[Callable[[], Detector]]:
-    # Importing the package registers every built-in detector.
-    import lossguard.detectors  # noqa: F401
-
-    return list(_REGISTRY)
-
-
-def make_detectors() -> list[Detector]:
-    return [factory() for factory in registered()]

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 
 from lossguard.core.batch import Batch, all_finite
-from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, any_sentinel, is_nonfinite, sentinel_index
+from lossguard.detectors.registry import register
 
 # Consecutive exact-zero logs after a normal loss that prove the filter artefact on their own.
 _ZERO_STREAK = 3

@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass, field
 
 from lossguard.core.batch import Batch
-from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
+from lossguard.detectors.registry import register
 
 _BASELINE_LOGS = 3
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lossguard.core.batch import Batch
-from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
+from lossguard.detectors.registry import register
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
 
