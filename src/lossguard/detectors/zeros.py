@@ -89,11 +89,13 @@ class MaskedLabels(DetectorBase):
 
 @register
 class NoGradientFlow(DetectorBase):
-    """GRAD002: gradient norm exactly 0 while the loss is finite and non-zero: nothing trainable gets a
-    gradient (LoRA + reentrant checkpointing without input grads, frozen modules, a module created
-    after the optimizer). Live: the first step's `no-grad` and `trainable-not-in-optimizer` events."""
+    """GRAD002: gradient norm exactly 0 while the loss is finite and non-zero, two logs in a row: nothing
+    trainable gets a gradient (LoRA + reentrant checkpointing without input grads, frozen modules). The
+    other no-gradient conditions have their own codes: GRAD003 (0 trainable parameters), GRAD004 (live:
+    tensors without a gradient), GRAD005 (live: tensors outside the optimizer), LOSS008 (flat loss with
+    a tiny gradient norm)."""
 
-    wants = frozenset({"grad_norm", "overflow", "no-input-grad", "trainable-params", "no-grad", "trainable-not-in-optimizer"})
+    wants = frozenset({"grad_norm", "overflow", "no-input-grad"})
     code = "GRAD002"
     name = "grad.no-flow"
     signature = "no-grad-flow"
@@ -134,30 +136,89 @@ class NoGradientFlow(DetectorBase):
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow" and record.step is not None:
             self._overflow_steps.add(record.step)
-            return []
-        if record.event == "no-input-grad":
+        elif record.event == "no-input-grad":
             self.hints.append("PyTorch warned 'None of the inputs have requires_grad=True'")
-        elif record.event == "trainable-params" and record.data.get("count") == 0:
-            return self.emit("the Trainer reports 0 trainable parameters", record.step,
-                             evidence="Number of trainable parameters = 0")
-        elif record.event == "no-grad":
-            count = record.data.get("count", 0)
-            total = record.data.get("num_trainable", record.data.get("total"))
-            names = ", ".join(record.data.get("params", [])[:5])
-            every = total is not None and count >= total
-            return self.emit(
-                f"{count} trainable parameter tensors got no gradient at step {record.step} on rank "
-                f"{record.rank} ({names}{'...' if count > 5 else ''})", record.step, record.rank,
-                severity=Severity.CRITICAL if every else Severity.ERROR, params=record.data.get("params", []))
-        elif record.event == "trainable-not-in-optimizer":
-            count = record.data.get("count", 0)
-            names = ", ".join(record.data.get("params", [])[:5])
-            return self.emit(
-                f"{count} trainable parameter tensors are not in the optimizer and will never be updated "
-                f"({names}{'...' if count > 5 else ''}); was a module created or replaced after the "
-                "optimizer?", record.step, record.rank, severity=Severity.ERROR,
-                params=record.data.get("params", []))
         return []
+
+
+def _names(data: dict) -> str:
+    """The first parameter names of an event, for a message."""
+    count = data.get("count", 0)
+    return ", ".join(data.get("params", [])[:5]) + ("..." if count > 5 else "")
+
+
+class _OneEvent(DetectorBase):
+    """Reports the first event of one name (the live monitor's first-step checks, a Trainer line)."""
+
+    event_name = "?"
+    signature = "no-grad-flow"
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT and record.event == self.event_name:
+            return self.on_event(record)
+        return []
+
+    def on_event(self, record: Record) -> list[Finding]:
+        raise NotImplementedError
+
+
+@register
+class NoTrainableParameters(_OneEvent):
+    """GRAD003: the Trainer reports 0 trainable parameters (`Number of trainable parameters = 0`): every
+    weight is frozen, so nothing can learn."""
+
+    wants = frozenset({"trainable-params"})
+    event_name = "trainable-params"
+    code = "GRAD003"
+    name = "grad.no-trainable-params"
+    severity = Severity.CRITICAL
+
+    def on_event(self, record: Record) -> list[Finding]:
+        if record.data.get("count") != 0:
+            return []
+        return self.emit("the Trainer reports 0 trainable parameters", record.step,
+                         evidence="Number of trainable parameters = 0")
+
+
+@register
+class ParametersWithoutGradient(_OneEvent):
+    """GRAD004 (live): after the first backward, trainable parameter tensors hold no gradient (frozen by
+    reentrant checkpointing without input grads, or outside the loss's graph). Critical when none of
+    the trainable tensors got one."""
+
+    wants = frozenset({"no-grad"})
+    event_name = "no-grad"
+    code = "GRAD004"
+    name = "grad.params-without-grad"
+    severity = Severity.ERROR
+
+    def on_event(self, record: Record) -> list[Finding]:
+        count = record.data.get("count", 0)
+        total = record.data.get("num_trainable", record.data.get("total"))
+        every = total is not None and count >= total
+        return self.emit(
+            f"{count} trainable parameter tensors got no gradient at step {record.step} on rank "
+            f"{record.rank} ({_names(record.data)})", record.step, record.rank,
+            severity=Severity.CRITICAL if every else Severity.ERROR, params=record.data.get("params", []))
+
+
+@register
+class ParametersNotInOptimizer(_OneEvent):
+    """GRAD005 (live): trainable parameter tensors that the optimizer does not hold, so they are never
+    updated (a module created or replaced after the optimizer was built)."""
+
+    wants = frozenset({"trainable-not-in-optimizer"})
+    event_name = "trainable-not-in-optimizer"
+    code = "GRAD005"
+    name = "grad.params-not-in-optimizer"
+    severity = Severity.ERROR
+
+    def on_event(self, record: Record) -> list[Finding]:
+        count = record.data.get("count", 0)
+        return self.emit(
+            f"{count} trainable parameter tensors are not in the optimizer and will never be updated "
+            f"({_names(record.data)}); was a module created or replaced after the optimizer?",
+            record.step, record.rank, params=record.data.get("params", []))
 
 
 @register
