@@ -1,6 +1,7 @@
-"""The engine's batch path (`feed_all`, detectors' `absorb`) must give exactly what feeding the records one
-by one gives: the same findings in the same order, the same stats, series and onset window, and every
-detector left in the same state (so the next record is judged the same way too).
+"""The engine's batch path (`feed_all`: detectors' `calm` tests route only the records that concern them)
+must give exactly what feeding the records one by one to every detector gives: the same findings in the
+same order, the same stats, series and onset window. Findings are compared, never a detector's private
+state: skipping calm records is allowed to leave different bookkeeping as long as it reports the same.
 
 Streams: every committed fixture, the speed bench's log, and random runs with faults injected at random
 places (zeros, NaN/Inf, sentinels, LR 0, skipped steps, spikes, plateaus, decays, several ranks, evals,
@@ -62,8 +63,6 @@ def run_both(make_records) -> tuple[Engine, Engine]:
 
 def assert_same(make_records) -> Engine:
     one_by_one, batched = run_both(make_records)
-    for a, b in zip(one_by_one.detectors, batched.detectors):
-        assert state_of(a) == state_of(b), f"{a.code} state differs before finish"
     ra, rb = one_by_one.finish(), batched.finish()
     assert [f.to_dict() for f in ra.findings] == [f.to_dict() for f in rb.findings]
     assert state_of(ra.stats) == state_of(rb.stats)
@@ -200,6 +199,14 @@ def test_every_builtin_detector_takes_the_fast_path_on_a_healthy_run():
     declined = collections.Counter()
     engine = Engine(make_detectors())
     for detector in engine.detectors:
+        if getattr(detector, "calm", None) is not None:  # routed nothing: its observe must not run
+
+            def refuse(record, code=detector.code):
+                if record.kind != EVENT:
+                    declined[code] += 1
+                return []
+
+            detector.observe = refuse
         absorb = getattr(detector, "absorb", None)
         if absorb is None:
             continue
@@ -216,6 +223,7 @@ def test_every_builtin_detector_takes_the_fast_path_on_a_healthy_run():
     assert not declined, declined
     from lossguard.core.signals import SIGNALS  # event-only detectors never see a batch
 
-    missing = [d.code for d in make_detectors() if getattr(d, "absorb", None) is None and d.code != "RANK001"
+    missing = [d.code for d in make_detectors() if getattr(d, "absorb", None) is None and getattr(d, "calm", None) is None
+               and d.code != "RANK001"
                and not d.wants.isdisjoint(SIGNALS)]
     assert not missing, f"detectors without a fast path: {missing}"

@@ -3,14 +3,13 @@ DeepSpeed's grad-norm sentinels). KNOWLEDGE.md §0.1, §0.4, §0.6."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from lossguard.core.batch import Batch, all_finite
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, any_sentinel, is_nonfinite, sentinel_index
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, no_sentinel, sentinel_index
 from lossguard.detectors.registry import register
 
 # Consecutive exact-zero logs after a normal loss that prove the filter artefact on their own.
@@ -171,6 +170,7 @@ class _SentinelState:
     value: float | None = None
     streak: int = 0
     since: int | None = None
+    seq: int = 0
 
 
 @register
@@ -179,6 +179,7 @@ class GradNormSentinel(DetectorBase):
     non-finite gradients in ZeRO-1/2 (-1 per param group, KNOWLEDGE.md §0.4)."""
 
     wants = frozenset({"grad_norm"})
+    calm = {"grad_norm": no_sentinel}
     code = "GRAD001"
     name = "grad.sentinel"
     signature = "nonfinite-hidden"
@@ -194,6 +195,10 @@ class GradNormSentinel(DetectorBase):
         if record.kind != TRAIN or grad is None:
             return []
         state = self._state[record.rank]
+        seq = self.counts.seq(record.rank, "grad_norm")
+        if seq != state.seq + 1:  # non-sentinel norms the engine did not route came between: the run ended
+            state.value, state.streak, state.since = None, 0, None
+        state.seq = seq
         k = self._track(state, record.step, grad)
         if k is not None and self._pinned(state, record.signals.get("loss")):
             return self.emit(
@@ -201,24 +206,6 @@ class GradNormSentinel(DetectorBase):
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
                 value=grad, groups=k)
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        grads = batch.present("grad_norm")
-        if not grads:
-            return True
-        if not any_sentinel(grads):
-            state = self._state[batch.rank]
-            state.value, state.streak, state.since = None, 0, None
-            return True
-        # A healthy norm can be exactly 1.0 now and then: run the streak on a copy and hand the batch back
-        # only if it would report.
-        current = self._state.peek(batch.rank)
-        state = dataclasses.replace(current) if current is not None else _SentinelState()
-        for step, grad, loss in zip(batch.steps, batch.column("grad_norm"), batch.column("loss")):
-            if grad is not None and self._track(state, step, grad) is not None and self._pinned(state, loss):
-                return False
-        self._state.put(batch.rank, state)
-        return True
 
     @staticmethod
     def _track(state: _SentinelState, step: int | None, grad: float) -> int | None:

@@ -81,16 +81,16 @@ class _TrendDetector(DetectorBase):
         if not losses:
             return True
         current = self._state.peek(batch.rank)
-        if current is not None and current.num >= _BASELINE_LOGS and self.calm(current) and \
+        if current is not None and current.num >= _BASELINE_LOGS and self.settled(current) and \
                 self.absorb_quietly(current, batch):
             return True
         # Near the start (the baseline is forming) or when the fast check is unsure: the same `_step`
         # as `observe`, on a copy of the state.
         state = current.clone() if current is not None else self.state_class()
-        if not self.calm(state):
+        if not self.settled(state):
             return False
         for record, loss in losses:
-            if self._step(record, loss, state) is not None or not self.calm(state):
+            if self._step(record, loss, state) is not None or not self.settled(state):
                 return False
         self._state.put(batch.rank, state)
         return True
@@ -129,7 +129,7 @@ class _TrendDetector(DetectorBase):
     def check(self, record: Record, loss: float, state: _Trend) -> Alarm | None:
         raise NotImplementedError
 
-    def calm(self, state: _Trend) -> bool:
+    def settled(self, state: _Trend) -> bool:
         """False while the state holds something `absorb` must not carry (an open spike)."""
         return True
 
@@ -342,7 +342,7 @@ class LossSpike(_TrendDetector):
             state.spike_at, state.spike_value, state.spike_age = record.step, loss, 0
         return None
 
-    def calm(self, state: _Trend) -> bool:
+    def settled(self, state: _Trend) -> bool:
         return state.spike_at is None
 
     def absorb_quietly(self, state: _Trend, batch: Batch) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lossguard.core.batch import Batch
+from lossguard.core.calm import nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
@@ -19,7 +19,6 @@ class _Zeros:
     both_zero: Streak = field(default_factory=Streak)  # loss and grad_norm both exactly 0
     grad_zero: Streak = field(default_factory=Streak)  # grad_norm 0, loss finite and non-zero
     loss_zero: Streak = field(default_factory=Streak)  # loss exactly 0
-    seen_nonzero_loss: bool = False
 
 
 @register
@@ -29,6 +28,7 @@ class MaskedLabels(DetectorBase):
     (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens)."""
 
     wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing", "image-token-mismatch"})
+    calm = {"num_label_tokens": nonzero, "loss": nonzero}  # a streak of zeros needs a zero loss
     code = "LABEL001"
     name = "labels.all-masked"
     signature = "masked-labels"
@@ -59,21 +59,14 @@ class MaskedLabels(DetectorBase):
         if loss is None or grad is None:
             return []
         streak = self._state[record.rank].both_zero
-        if streak.update(loss == 0.0 and grad == 0.0, record.step) >= _STREAK:
+        seq = self.counts.seq(record.rank, "grad_norm")  # logs with a grad norm, the skipped calm ones too
+        if streak.update(loss == 0.0 and grad == 0.0, record.step, seq) >= _STREAK:
             why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
             return self.emit(
                 f"loss and grad_norm are both exactly 0 from step {streak.since}: no label is "
                 f"supervised, so there is nothing to learn{why}",
                 streak.since, record.rank, warnings=self.num_warnings)
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        losses, grads = batch.column("loss"), batch.column("grad_norm")
-        if 0.0 in batch.column("num_label_tokens") or (0.0 in losses and 0.0 in grads):
-            return False
-        if any(loss is not None and grad is not None for loss, grad in zip(losses, grads)):
-            self._state[batch.rank].both_zero.count = 0
-        return True
 
     def finish(self) -> list[Finding]:
         super().finish()
@@ -96,6 +89,7 @@ class NoGradientFlow(DetectorBase):
     a tiny gradient norm)."""
 
     wants = frozenset({"grad_norm", "overflow", "no-input-grad"})
+    calm = {"grad_norm": nonzero}
     code = "GRAD002"
     name = "grad.no-flow"
     signature = "no-grad-flow"
@@ -113,25 +107,17 @@ class NoGradientFlow(DetectorBase):
         if record.kind != TRAIN:
             return []
         loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
-        if loss is None or grad is None or record.step in self._overflow_steps:
+        if loss is None or grad is None:
             return []
+        # An fp16 skip also logs grad_norm 0.0: such a step breaks the run instead of extending it.
+        holds = grad == 0.0 and loss != 0.0 and not is_nonfinite(loss) and record.step not in self._overflow_steps
         streak = self._state[record.rank].grad_zero
-        if streak.update(grad == 0.0 and loss != 0.0 and not is_nonfinite(loss), record.step) >= _STREAK:
+        if streak.update(holds, record.step, self.counts.seq(record.rank, "grad_norm")) >= _STREAK:
             hint = f" ({'; '.join(self.hints)})" if self.hints else ""
             return self.emit(
                 f"grad_norm is exactly 0 from step {streak.since} while the loss is {loss:g}: "
                 f"no trainable parameter receives a gradient{hint}", streak.since, record.rank)
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        grads = batch.column("grad_norm")
-        if 0.0 in grads:
-            return False
-        overflow = self._overflow_steps
-        if any(loss is not None and grad is not None and step not in overflow
-               for loss, grad, step in zip(batch.column("loss"), grads, batch.steps)):
-            self._state[batch.rank].grad_zero.count = 0
-        return True
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow" and record.step is not None:
@@ -227,6 +213,7 @@ class ZeroLoss(DetectorBase):
     Reported at the end so the more specific detectors speak first."""
 
     wants = frozenset({"loss"})
+    calm = {"loss": nonzero}
     code = "LOSS003"
     name = "loss.exact-zero"
     signature = "zero-loss"
@@ -240,23 +227,13 @@ class ZeroLoss(DetectorBase):
         loss = record.signals.get("loss")
         if record.kind != TRAIN or loss is None:
             return []
-        state = self._state[record.rank]
-        state.loss_zero.update(loss == 0.0, record.step)
-        state.seen_nonzero_loss = state.seen_nonzero_loss or loss != 0.0
+        self._state[record.rank].loss_zero.update(loss == 0.0, record.step, self.counts.seq(record.rank, "loss"))
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        losses = batch.column("loss")
-        if 0.0 in losses:
-            return False
-        if losses.count(None) != len(losses):
-            state = self._state[batch.rank]
-            state.loss_zero.count, state.seen_nonzero_loss = 0, True
-        return True
 
     def finish(self) -> list[Finding]:
         for rank, state in self._state.items():
-            if state.loss_zero.count >= _STREAK and not state.seen_nonzero_loss:
+            zeros = state.loss_zero  # every loss of the rank: the run began at its first and is still on
+            if zeros.count >= _STREAK and zeros.first_seq == 1 and zeros.last_seq == self.counts.seq(rank, "loss"):
                 return self.emit(
                     f"loss is exactly 0.0 in every log from step {state.loss_zero.since}: either every label "
                     "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "
