@@ -12,6 +12,7 @@ between two records it saw) it reads from the `SignalCounts` the engine binds to
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 
 
@@ -26,28 +27,53 @@ def finite(column: list) -> bool:
     return math.isfinite(sum(filter(None, column)))
 
 
-class SignalCounts:
-    """Per (rank, signal): how many train records carried the signal so far, the current one included.
-    Two records a detector saw are "in a row" for a signal when their counts differ by one: calm
-    records skipped between them still advanced the count. One definition of consecutive for all."""
+def finite_nonzero(column: list) -> bool:
+    """Both `finite` and `nonzero`."""
+    return 0.0 not in column and finite(column)
 
-    __slots__ = ("_counts",)
+
+def absent(column: list) -> bool:
+    """No record carries the signal."""
+    return column.count(None) == len(column)
+
+
+class SignalCounts:
+    """Per (rank, signal): how many train records carried the signal so far, the current one included,
+    and the last two values. Two records a detector saw are "in a row" for a signal when their counts
+    differ by one: calm records skipped between them still advanced the count. One definition of
+    consecutive for all, and one update path (`advance`) for a run of records or a single one."""
+
+    __slots__ = ("_counts", "_last", "_before")
 
     def __init__(self) -> None:
         self._counts: collections.Counter = collections.Counter()
+        self._last: dict = {}
+        self._before: dict = {}
 
     def seq(self, rank: int | None, name: str) -> int:
         return self._counts[(rank, name)]
 
-    def advance(self, rank: int | None, signals) -> None:
-        """One record's signal names."""
-        counts = self._counts
-        for name in signals:
-            counts[(rank, name)] += 1
+    def last(self, rank: int | None, name: str) -> float | None:
+        """The value in the latest record counted (at `seq`)."""
+        return self._last.get((rank, name))
 
-    def advance_columns(self, rank: int | None, columns: dict[str, list], lo: int, hi: int) -> None:
-        """Records lo..hi-1 of a run, from its columns."""
-        counts = self._counts
+    def previous(self, rank: int | None, name: str) -> float | None:
+        """The value in the record counted before the latest (at `seq - 1`)."""
+        return self._before.get((rank, name))
+
+    def advance_record(self, rank: int | None, signals: dict[str, float]) -> None:
+        self.advance(rank, {name: [value] for name, value in signals.items()}, 0, 1)
+
+    def advance(self, rank: int | None, columns: dict[str, list], lo: int, hi: int) -> None:
+        """Records lo..hi-1 of a run, from its columns (None where a record lacks the signal)."""
+        counts, last, before = self._counts, self._last, self._before
         for name, column in columns.items():
             part = column[lo:hi]
-            counts[(rank, name)] += len(part) - part.count(None)
+            present = len(part) - part.count(None)
+            if not present:
+                continue
+            key = (rank, name)
+            counts[key] += present
+            tail = list(itertools.islice((value for value in reversed(part) if value is not None), 2))
+            before[key] = tail[1] if len(tail) > 1 else last.get(key)
+            last[key] = tail[0]

@@ -77,7 +77,7 @@ class Engine:
         self._start()
         self._account(record)
         if record.kind == TRAIN:
-            self.counts.advance(record.rank, record.signals)
+            self.counts.advance_record(record.rank, record.signals)
         new = self._observe(record)
         self._keep(record, new)
         return self._collect(new)
@@ -143,7 +143,7 @@ class Engine:
         routed = self._route_batch(batch)
         done = 0
         for index in sorted(routed):  # in order, each record to the detectors it concerns
-            self.counts.advance_columns(batch.rank, batch.columns, done, index + 1)
+            self.counts.advance(batch.rank, batch.columns, done, index + 1)
             self._keep_run(records[done:index])
             record = records[index]
             new = self._observe(record, only=routed[index])
@@ -151,7 +151,7 @@ class Engine:
             if (kept := self._collect(new)) and on_findings is not None:
                 on_findings(record, kept)
             done = index + 1
-        self.counts.advance_columns(batch.rank, batch.columns, done, len(records))
+        self.counts.advance(batch.rank, batch.columns, done, len(records))
         self._keep_run(records[done:])
 
     def _route_batch(self, batch: Batch) -> dict[int, set[int]]:
