@@ -10,6 +10,7 @@ from pathlib import Path
 from lossguard.core.engine import Engine
 from lossguard.core.facts import RunFacts
 from lossguard.core.records import Record
+from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import Diagnosis, diagnose
 from lossguard.sources import discover, records
 from lossguard.sources.base import SourceError
@@ -23,7 +24,7 @@ class NothingReadError(SourceError):
 def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Diagnosis:
     """Diagnose logs. `paths` may hold files, directories and "-" (stdin). Raises SourceError on bad input."""
     paths = [str(p) for p in paths]
-    engine = Engine(facts=facts)
+    engine = Engine(make_detectors(), facts=facts)
     files = [p for p in paths if p != "-"]
     inputs = discover(files) if files else []
     stream: list[Iterable[Record]] = [records(inputs)]

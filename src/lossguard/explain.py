@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 
-from lossguard.core.detector import registered
+from lossguard.detectors import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.signatures import SIGNATURES
 from lossguard.knowledge import ISSUES, KnownIssue, get_issue

@@ -25,6 +25,7 @@ except ImportError:  # tests/ is not a package: pytest put this directory on sys
 from lossguard.api import analyze
 from lossguard.core.engine import Engine
 from lossguard.core.records import Record
+from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import diagnose
 from lossguard.report.html import render_html, write_html
 
@@ -139,7 +140,7 @@ def test_markup_in_log_names_config_values_and_series_names_stays_text(browser, 
 
 
 def test_one_line_per_rank_and_per_arm(browser, tmp_path):
-    engine = Engine()
+    engine = Engine(make_detectors())
     for step in range(1, 201):
         for rank in (0, 1):
             broken = rank == 1 and step >= 150

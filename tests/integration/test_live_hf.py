@@ -66,10 +66,11 @@ def test_internal_error_reported_once_and_training_continues(hf_runs):
 
 def test_events_replay_through_analyze(hf_runs):
     from lossguard.core.engine import Engine
+    from lossguard.detectors import make_detectors
     from lossguard.sources import discover, records
 
     out = hf_runs[0]
-    engine = Engine()
+    engine = Engine(make_detectors())
     engine.feed_all(records(discover([str(out / "masked-one-rank" / "events")])))
     result = engine.finish()
     assert any(f.signature == "masked-labels" and f.step == FAULT_STEP for f in result.findings)

@@ -4,9 +4,10 @@ import math
 
 import pytest
 
-from lossguard.core.detector import Detector, registered
+from lossguard.core.detector import Detector
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, Record, event
+from lossguard.detectors import registered
 from lossguard.diagnose.signatures import SIGNATURES
 
 FACTORIES = registered()
@@ -53,8 +54,9 @@ def test_every_detector_survives_odd_input(factory, stream):
 
 def test_healthy_decay_raises_nothing_above_info():
     from lossguard.core.engine import Engine
+    from lossguard.detectors import make_detectors
 
-    engine = Engine()
+    engine = Engine(make_detectors())
     for step in range(1, 200):
         engine.feed(Record(step=step, signals={"loss": 4.0 * 0.99 ** step + 0.5, "grad_norm": 1.0 + 0.3 * math.sin(step),
                                                "lr": 1e-4 if step > 1 else 0.0, "epoch": step / 200}))

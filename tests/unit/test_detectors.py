@@ -2,12 +2,13 @@ import math
 
 from lossguard.core.engine import Engine
 from lossguard.core.records import EVAL, Record, event
+from lossguard.detectors import make_detectors
 from lossguard.detectors._base import sentinel_index
 from lossguard.diagnose.diagnosis import diagnose
 
 
 def run(records):
-    engine = Engine()
+    engine = Engine(make_detectors())
     engine.feed_all(records)
     return diagnose(engine.finish())
 

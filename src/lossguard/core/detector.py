@@ -1,4 +1,5 @@
-"""The streaming detector protocol and its registry.
+"""The streaming detector protocol. The registry of built-in detectors lives with them
+(lossguard.detectors.registry): the engine is handed its detectors and core imports nothing above it.
 
 A detector sees records one at a time (`observe`) and once more at the end (`finish`), doing O(1)
 work per step. The same objects run live (monitor, watch), post hoc (analyze) and over probe arms.
@@ -6,7 +7,6 @@ work per step. The same objects run live (monitor, watch), post hoc (analyze) an
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from lossguard.core.findings import Finding
@@ -20,30 +20,12 @@ class Detector(Protocol):
     signature: str | None  # the DESIGN.md signature this detector reports
     # Optional `wants: frozenset[str]`: the signal and event names it reads. The engine then routes
     # only records carrying one of them to it; without `wants` it sees every record.
-    # Optional `absorb(batch) -> bool` (core/batch.py): take a run of plain train records at once when
+    # Optional `calm = {signal: column_test}` (core/calm.py): the engine routes it only the records that
+    # fail a test; what it must know about the others it reads from the bound SignalCounts.
+    # Legacy, still on SCALE001, LR001 and the loss trends: `absorb(batch) -> bool` (core/batch.py): take a run of plain train records at once when
     # none of them can raise a finding, updating the state exactly as `observe` would; else return
     # False with the state untouched. Without it, `feed_all` feeds those records to `observe`.
 
     def observe(self, record: Record) -> list[Finding]: ...
 
     def finish(self) -> list[Finding]: ...
-
-
-# Registry: a plain list of factories, so tests can run every registered detector generically.
-_REGISTRY: list[Callable[[], Detector]] = []
-
-
-def register(factory: Callable[[], Detector]) -> Callable[[], Detector]:
-    _REGISTRY.append(factory)
-    return factory
-
-
-def registered() -> list[Callable[[], Detector]]:
-    # Importing the package registers every built-in detector.
-    import lossguard.detectors  # noqa: F401
-
-    return list(_REGISTRY)
-
-
-def make_detectors() -> list[Detector]:
-    return [factory() for factory in registered()]

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lossguard.core.batch import Batch
-from lossguard.core.detector import Detector, make_detectors
+from lossguard.core.calm import SignalCounts
+from lossguard.core.detector import Detector
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
@@ -50,8 +51,13 @@ class EngineResult:
 
 
 class Engine:
-    def __init__(self, detectors: list[Detector] | None = None, facts: RunFacts | None = None) -> None:
-        self.detectors = make_detectors() if detectors is None else detectors
+    def __init__(self, detectors: list[Detector], facts: RunFacts | None = None) -> None:
+        # Handed in (lossguard.detectors.make_detectors() for the built-ins): core imports no detector.
+        self.detectors = list(detectors)
+        self.counts = SignalCounts()  # what detectors with `calm` read about the records they skip
+        for detector in self.detectors:
+            if (bind := getattr(detector, "bind", None)) is not None:
+                bind(self.counts)
         self.facts = facts or RunFacts()
         self.stats = Stats()
         self.series = SeriesBook()
@@ -70,6 +76,8 @@ class Engine:
     def feed(self, record: Record) -> list[Finding]:
         self._start()
         self._account(record)
+        if record.kind == TRAIN:
+            self.counts.advance_record(record.rank, record.signals)
         new = self._observe(record)
         self._keep(record, new)
         return self._collect(new)
@@ -132,29 +140,43 @@ class Engine:
         self._start()
         batch = Batch(records)
         self._account_batch(batch)
+        routed = self._route_batch(batch)
+        done = 0
+        for index in sorted(routed):  # in order, each record to the detectors it concerns
+            self.counts.advance(batch.rank, batch.columns, done, index + 1)
+            self._keep_run(records[done:index])
+            record = records[index]
+            new = self._observe(record, only=routed[index])
+            self._keep(record, new)
+            if (kept := self._collect(new)) and on_findings is not None:
+                on_findings(record, kept)
+            done = index + 1
+        self.counts.advance(batch.rank, batch.columns, done, len(records))
+        self._keep_run(records[done:])
+
+    def _route_batch(self, batch: Batch) -> dict[int, set[int]]:
+        """Record index -> ids of the detectors that must observe it: a detector with `calm` (core/calm.py)
+        gets the records that fail one of its tests; one with `absorb` every record when it declines."""
         names = batch.columns.keys()
-        declined: set[int] = set()
+        routed: dict[int, set[int]] = {}
         for detector in self.detectors:
             wants = getattr(detector, "wants", None)
             if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
                 continue
-            absorb = getattr(detector, "absorb", None)
+            calm, absorb = getattr(detector, "calm", None), getattr(detector, "absorb", None)
             try:
-                if absorb is not None and absorb(batch):
+                if calm is not None:
+                    indices = _not_calm(calm, batch.columns)
+                elif absorb is not None and absorb(batch):
                     continue
+                else:
+                    indices = range(len(batch.records))
             except Exception as exc:  # as in `feed`: reported once, the detector switched off
                 self._collect([self._internal_error(detector, exc)])
                 continue
-            declined.add(id(detector))
-        if not declined:
-            self._keep_run(records)
-            return
-        # Some detector saw something: those detectors take the records one by one, in order.
-        for record in records:
-            new = self._observe(record, only=declined)
-            self._keep(record, new)
-            if (kept := self._collect(new)) and on_findings is not None:
-                on_findings(record, kept)
+            for index in indices:
+                routed.setdefault(index, set()).add(id(detector))
+        return routed
 
     def finish(self) -> EngineResult:
         new: list[Finding] = []
@@ -276,3 +298,15 @@ class Engine:
             message=f"detector {detector.code} ({detector.name}) failed and was switched off: "
             f"{type(exc).__name__}: {exc}. Please report this; the other detectors ran.",
         )
+
+
+def _not_calm(calm: dict, columns: dict[str, list]) -> set[int]:
+    """Indices of the records that fail some test of a detector's `calm`: one C-speed call per signal
+    clears a whole column; only a column that fails is looked at value by value."""
+    indices: set[int] = set()
+    for name, test in calm.items():
+        column = columns.get(name)
+        if column is None or test(column):
+            continue
+        indices.update(i for i, value in enumerate(column) if value is not None and not test([value]))
+    return indices

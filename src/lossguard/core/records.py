@@ -29,9 +29,6 @@ class Record:
     # True when `step` was counted (n-th log line) rather than read from the log.
     step_is_ordinal: bool = False
 
-    def get(self, name: str) -> float | None:
-        return self.signals.get(name)
-
     @property
     def where(self) -> str:
         """A short location for messages: `file.log:123` style when known."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 # name -> meaning. Detectors, reports and the live monitor use only these names.
 SIGNALS: dict[str, str] = {
     "loss": "training loss as logged (after the Trainer's NaN filter unless `raw_loss` exists)",
@@ -109,7 +107,3 @@ def to_float(value: object) -> float | None:
         except ValueError:
             return None
     return None
-
-
-def is_finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from lossguard.core.calm import SignalCounts
 from lossguard.core.findings import Finding, Severity
 
 S = TypeVar("S")
@@ -57,19 +58,33 @@ def any_sentinel(values: list[float]) -> bool:
     return any(sentinel_index(v) for v in values if bisect.bisect(_NEAR_SENTINEL, v) & 1)
 
 
+def no_sentinel(column: list) -> bool:
+    """A `calm` test (core/calm.py): no value of the column (None allowed) is a sentinel."""
+    return not any_sentinel([v for v in column if v is not None])
+
+
 @dataclass(slots=True)
 class Streak:
-    """How many records in a row a condition has held, and the step where the run of them began."""
+    """How many records in a row a condition has held, and the step where the run of them began.
+
+    With `seq` (the record's `SignalCounts.seq`, core/calm.py), a record that does not follow the last
+    one seen (calm records the engine did not route came between) starts over: one definition of "in
+    a row" whether or not the calm records were observed."""
 
     count: int = 0
     since: int | None = None
+    last_seq: int | None = None
+    first_seq: int | None = None  # the seq where the current run began
 
-    def update(self, holds: bool, step: int | None) -> int:
+    def update(self, holds: bool, step: int | None, seq: int | None = None) -> int:
+        if seq is not None and self.last_seq is not None and seq != self.last_seq + 1:
+            self.count = 0
+        self.last_seq = seq
         if not holds:
             self.count = 0
         else:
             if self.count == 0:
-                self.since = step
+                self.since, self.first_seq = step, seq
             self.count += 1
         return self.count
 
@@ -110,6 +125,11 @@ class DetectorBase:
     def __init__(self) -> None:
         self.fired: Finding | None = None
         self.count = 0
+        # The engine binds its own; alone (unit use) nothing advances it and every seq reads 0.
+        self.counts = SignalCounts()
+
+    def bind(self, counts: SignalCounts) -> None:
+        self.counts = counts
 
     def emit(self, message: str, step: int | None, rank: int | None = None, *,
              severity: Severity | None = None, signature: str | None = None, **data) -> list[Finding]:

@@ -3,15 +3,13 @@ DeepSpeed's grad-norm sentinels). KNOWLEDGE.md §0.1, §0.4, §0.6."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 
-from lossguard.core.batch import Batch, all_finite
-from lossguard.core.detector import register
+from lossguard.core.calm import absent, finite, finite_nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, any_sentinel, is_nonfinite, sentinel_index
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, no_sentinel, sentinel_index
+from lossguard.detectors.registry import register
 
 # Consecutive exact-zero logs after a normal loss that prove the filter artefact on their own.
 _ZERO_STREAK = 3
@@ -29,6 +27,8 @@ class NonFiniteLoss(DetectorBase):
     only if the next log shows the weights died (loss 0.0 or NaN), with the onset at the first one."""
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
+    # Nothing non-finite and no zero loss (what would confirm a pending non-finite norm): nothing to judge.
+    calm = {"raw_loss": finite, "loss": finite_nonzero, "eval_loss": finite, "grad_norm": finite}
     code = "LOSS001"
     name = "loss.nonfinite"
     signature = "nonfinite"
@@ -37,7 +37,8 @@ class NonFiniteLoss(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
-        self._pending: PerRank[list] = PerRank(list)  # [(step, grad)] of non-finite norms, finite loss
+        # rank -> [step, grad, grad seq]: a non-finite norm next to a finite loss, waiting for the next log
+        self._pending: dict[int | None, list] = {}
         self._may_skip = True  # unless the facts rule it out, an inf norm may be a skipped fp16 step
 
     def observe(self, record: Record) -> list[Finding]:
@@ -49,6 +50,7 @@ class NonFiniteLoss(DetectorBase):
                 # bf16 without check_grad_overflow never skips: a non-finite norm is fatal at once.
                 self._may_skip = False
             return []
+        self._drop_stale(record)
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
             value = record.signals.get(name)
@@ -57,34 +59,39 @@ class NonFiniteLoss(DetectorBase):
                 return self._fire(record, f"{where} is {value} at step {record.step}", name, value)
         if record.kind != TRAIN:
             return []
-        pending = self._pending[record.rank]
         grad, loss = record.signals.get("grad_norm"), record.signals.get("loss")
+        grad_seq = self.counts.seq(record.rank, "grad_norm")
+        pending = self._pending.get(record.rank)
         if is_nonfinite(grad) and not skipped:
             if loss is not None and loss != 0.0 and self._may_skip:
-                if not pending:  # maybe an fp16 skip (a streak of them while the scale calibrates)
-                    pending.append((record.step, grad))
+                # maybe an fp16 skip (a streak of them while the scale calibrates): wait for the next log
+                self._pending[record.rank] = [record.step, grad, grad_seq] if pending is None else \
+                    [pending[0], pending[1], grad_seq]
                 return []
             return self._fire(record, f"gradient norm is {grad} at step {record.step}", "grad_norm", grad)
-        if pending and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
-            return self._fire(record, f"gradient norm is {pending[0][1]} at step {pending[0][0]}, and the "
-                                      f"loss is {loss} right after", "grad_norm", pending[0][1])
-        if grad is not None and not is_nonfinite(grad):
-            pending.clear()
+        if pending is not None and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
+            return self._fire(record, f"gradient norm is {pending[1]} at step {pending[0]}, and the "
+                                      f"loss is {loss} right after", "grad_norm", pending[1])
+        if pending is not None and grad is not None:
+            if is_nonfinite(grad):
+                pending[2] = grad_seq
+            else:
+                del self._pending[record.rank]
         return []
 
-    def absorb(self, batch: Batch) -> bool:
-        # Nothing non-finite and no non-finite norm waiting for the next loss: `observe` would only
-        # have given the rank its (empty) pending list.
-        if self._pending.peek(batch.rank) or not all(
-                all_finite(batch.column(name)) for name in ("raw_loss", "loss", "eval_loss", "grad_norm")):
-            return False
-        self._pending[batch.rank]
-        return True
+    def _drop_stale(self, record: Record) -> None:
+        """A grad norm came between the pending one and this record that the engine did not route: a
+        finite one, which ends the wait as `observe` would have."""
+        pending = self._pending.get(record.rank)
+        if pending is None:
+            return
+        here = record.kind == TRAIN and record.signals.get("grad_norm") is not None
+        if self.counts.seq(record.rank, "grad_norm") - here > pending[2]:
+            del self._pending[record.rank]
 
     def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
-        pending = self._pending[record.rank]
-        step = pending[0][0] if pending else record.step
-        pending.clear()
+        pending = self._pending.pop(record.rank, None)
+        step = pending[0] if pending is not None else record.step
         return self.emit(message, step, record.rank, signal=signal, value=str(value))
 
     def _skipped_here(self, record: Record) -> bool:
@@ -99,6 +106,7 @@ class _ZeroState:
     zero_since: int | None = None
     zero_streak: int = 0
     corroborated: str | None = None
+    seq: int = 0  # the loss log (SignalCounts.seq) this state is up to
 
 
 @register
@@ -108,6 +116,8 @@ class HiddenNonFinite(DetectorBase):
     else by a streak of exact zeros."""
 
     wants = frozenset({"loss", "eval_loss"})
+    # A finite, non-zero loss only becomes `last_finite` (read back with `_catch_up`); raw losses are rare.
+    calm = {"loss": finite_nonzero, "raw_loss": absent}
     code = "LOSS002"
     name = "loss.nan-filter-zero"
     signature = "nonfinite-hidden"
@@ -120,13 +130,18 @@ class HiddenNonFinite(DetectorBase):
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVAL and is_nonfinite(record.signals.get("eval_loss")):
             for rank, state in self._state.items():
+                self._catch_up(state, rank, self.counts.seq(rank, "loss"))
                 if state.zero_since is not None:
                     return self._fire(state, rank, "eval_loss is NaN while the training loss shows 0.0")
             return []
         loss = record.signals.get("loss")
-        if record.kind != TRAIN or loss is None or record.signals.get("raw_loss") is not None:
-            return []  # live records carry the raw loss: LOSS001 sees the NaN itself
+        if record.kind != TRAIN or loss is None:
+            return []
         state = self._state[record.rank]
+        self._catch_up(state, record.rank, self.counts.seq(record.rank, "loss") - 1)
+        state.seq = self.counts.seq(record.rank, "loss")
+        if record.signals.get("raw_loss") is not None:
+            return []  # live records carry the raw loss: LOSS001 sees the NaN itself
         if loss != 0.0:
             if is_nonfinite(loss):
                 return []
@@ -147,17 +162,14 @@ class HiddenNonFinite(DetectorBase):
             return self._fire(state, record.rank, f"{state.zero_streak} logs in a row are exactly 0.0")
         return []
 
-    def absorb(self, batch: Batch) -> bool:
-        losses = batch.column("loss")
-        if "raw_loss" in batch.columns or 0.0 in losses:
-            return False  # an exact zero is this detector's business; raw losses are rare (live files)
-        if losses.count(None) == len(losses):
-            return True
-        state = self._state[batch.rank]
-        last = next((v for v in reversed(losses) if v is not None and math.isfinite(v)), None)
-        if last is not None:
-            state.last_finite, state.zero_since, state.zero_streak = last, None, 0
-        return True
+    def _catch_up(self, state: _ZeroState, rank: int | None, upto: int) -> None:
+        """Loss logs up to `upto` that the engine did not route were calm (finite, non-zero, no raw loss):
+        the last of them is the last finite loss, as if observed."""
+        if upto > state.seq:
+            value = self.counts.last(rank, "loss") if upto == self.counts.seq(rank, "loss") else \
+                self.counts.previous(rank, "loss")
+            state.last_finite, state.zero_since, state.zero_streak = value, None, 0
+            state.seq = upto
 
     def _fire(self, state: _ZeroState, rank: int | None, why: str) -> list[Finding]:
         return self.emit(
@@ -171,6 +183,7 @@ class _SentinelState:
     value: float | None = None
     streak: int = 0
     since: int | None = None
+    seq: int = 0
 
 
 @register
@@ -179,6 +192,7 @@ class GradNormSentinel(DetectorBase):
     non-finite gradients in ZeRO-1/2 (-1 per param group)."""
 
     wants = frozenset({"grad_norm"})
+    calm = {"grad_norm": no_sentinel}
     code = "GRAD001"
     name = "grad.sentinel"
     signature = "nonfinite-hidden"
@@ -194,6 +208,10 @@ class GradNormSentinel(DetectorBase):
         if record.kind != TRAIN or grad is None:
             return []
         state = self._state[record.rank]
+        seq = self.counts.seq(record.rank, "grad_norm")
+        if seq != state.seq + 1:  # non-sentinel norms the engine did not route came between: the run ended
+            state.value, state.streak, state.since = None, 0, None
+        state.seq = seq
         k = self._track(state, record.step, grad)
         if k is not None and self._pinned(state, record.signals.get("loss")):
             return self.emit(
@@ -201,24 +219,6 @@ class GradNormSentinel(DetectorBase):
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
                 value=grad, groups=k)
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        grads = batch.present("grad_norm")
-        if not grads:
-            return True
-        if not any_sentinel(grads):
-            state = self._state[batch.rank]
-            state.value, state.streak, state.since = None, 0, None
-            return True
-        # A healthy norm can be exactly 1.0 now and then: run the streak on a copy and hand the batch back
-        # only if it would report.
-        current = self._state.peek(batch.rank)
-        state = dataclasses.replace(current) if current is not None else _SentinelState()
-        for step, grad, loss in zip(batch.steps, batch.column("grad_norm"), batch.column("loss")):
-            if grad is not None and self._track(state, step, grad) is not None and self._pinned(state, loss):
-                return False
-        self._state.put(batch.rank, state)
-        return True
 
     @staticmethod
     def _track(state: _SentinelState, step: int | None, grad: float) -> int | None:

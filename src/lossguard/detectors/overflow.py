@@ -9,10 +9,10 @@ scale driven below 2^8, or DeepSpeed's own "already at minimum".
 from __future__ import annotations
 
 from lossguard.core.batch import Batch, all_finite, grows
-from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
+from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
 _FLOOR_SCALE = 256.0

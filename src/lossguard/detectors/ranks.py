@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import TRAIN, Record
 from lossguard.detectors._base import DetectorBase
+from lossguard.detectors.registry import register
 
 _REL_TOL = 1e-6
 

@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass, field
 
 from lossguard.core.batch import Batch
-from lossguard.core.detector import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
+from lossguard.detectors.registry import register
 
 _BASELINE_LOGS = 3
 
@@ -81,16 +81,16 @@ class _TrendDetector(DetectorBase):
         if not losses:
             return True
         current = self._state.peek(batch.rank)
-        if current is not None and current.num >= _BASELINE_LOGS and self.calm(current) and \
+        if current is not None and current.num >= _BASELINE_LOGS and self.settled(current) and \
                 self.absorb_quietly(current, batch):
             return True
         # Near the start (the baseline is forming) or when the fast check is unsure: the same `_step`
         # as `observe`, on a copy of the state.
         state = current.clone() if current is not None else self.state_class()
-        if not self.calm(state):
+        if not self.settled(state):
             return False
         for record, loss in losses:
-            if self._step(record, loss, state) is not None or not self.calm(state):
+            if self._step(record, loss, state) is not None or not self.settled(state):
                 return False
         self._state.put(batch.rank, state)
         return True
@@ -129,7 +129,7 @@ class _TrendDetector(DetectorBase):
     def check(self, record: Record, loss: float, state: _Trend) -> Alarm | None:
         raise NotImplementedError
 
-    def calm(self, state: _Trend) -> bool:
+    def settled(self, state: _Trend) -> bool:
         """False while the state holds something `absorb` must not carry (an open spike)."""
         return True
 
@@ -169,9 +169,8 @@ def _repeat(value: float | None, streak: int, since: int | None, loss: float,
 @register
 class LossNotLearning(_TrendDetector):
     """LOSS004: the loss does not move: the same value log after log, or (over a whole run logged from
-    its start) less than 1% between the first and the last logs. With a tiny gradient norm next to it
-    (LoRA + reentrant checkpointing leaves only biases outside the blocks with a gradient) it is
-    reported as `no-grad-flow`."""
+    its start) less than 1% between the first and the last logs. A flat run with a tiny gradient norm
+    is LOSS008 (`no-grad-flow`) instead."""
 
     wants = frozenset({"loss", "raw_loss"})
     code = "LOSS004"
@@ -179,6 +178,7 @@ class LossNotLearning(_TrendDetector):
     signature = "not-learning"
     severity = Severity.ERROR
     state_class = _FlatTrend
+    tiny_grad = False  # LOSS008 takes the flat runs whose gradient norm is tiny
     _STREAK = 8
 
     def check(self, record: Record, loss: float, state: _FlatTrend) -> Alarm | None:
@@ -223,23 +223,54 @@ class LossNotLearning(_TrendDetector):
     def finish(self) -> list[Finding]:
         super().finish()
         for rank, flat in self._state.items():
-            if flat.num < _FLAT_MIN_LOGS or flat.first_step is None or flat.first_step > _FLAT_FROM_START:
+            found = _flat_from_start(flat)
+            if found is None:
                 continue
-            start, end = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
-            if start < 0.05 or abs(end - start) > _FLAT_REL * start:
+            start, end, grad = found
+            if self.tiny_grad != (grad is not None and grad < _TINY_GRAD_PER_LOSS * start):
                 continue
-            grad = flat.grad_sum / flat.grad_num if flat.grad_num else None
-            if grad is not None and grad < _TINY_GRAD_PER_LOSS * start:
-                return self.emit(
-                    f"the loss did not move in {flat.num} logs ({start:.4g} -> {end:.4g}) and the gradient norm "
-                    f"is tiny (mean {grad:.3g}): almost nothing trainable receives a gradient",
-                    flat.first_step, rank, signature="no-grad-flow", severity=Severity.CRITICAL,
-                    start=start, end=end, mean_grad_norm=grad)
-            return self.emit(
-                f"the loss did not move in {flat.num} logs from the start ({start:.4g} -> {end:.4g}, under "
-                f"{_FLAT_REL:.0%}): the weights are not being updated (learning rate, frozen parameters?)",
-                flat.first_step, rank, start=start, end=end)
+            return self.report(flat, rank, start, end, grad)
         return []
+
+    def report(self, flat: _FlatTrend, rank: int | None, start: float, end: float, grad: float | None):
+        return self.emit(
+            f"the loss did not move in {flat.num} logs from the start ({start:.4g} -> {end:.4g}, under "
+            f"{_FLAT_REL:.0%}): the weights are not being updated (learning rate, frozen parameters?)",
+            flat.first_step, rank, start=start, end=end)
+
+
+def _flat_from_start(flat: _FlatTrend) -> tuple[float, float, float | None] | None:
+    """(first mean, last mean, mean grad norm) of a run logged from its start whose loss moved under
+    1%, else None."""
+    if flat.num < _FLAT_MIN_LOGS or flat.first_step is None or flat.first_step > _FLAT_FROM_START:
+        return None
+    start, end = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
+    if start < 0.05 or abs(end - start) > _FLAT_REL * start:
+        return None
+    return start, end, flat.grad_sum / flat.grad_num if flat.grad_num else None
+
+
+@register
+class LossFlatTinyGrad(LossNotLearning):
+    """LOSS008: the loss did not move from the start of the run and the gradient norm is tiny (under 2%
+    of the loss): almost nothing trainable receives a gradient (LoRA + reentrant checkpointing leaves
+    only biases outside the blocks with one). Reported as `no-grad-flow`; LOSS004 then stays quiet."""
+
+    code = "LOSS008"
+    name = "loss.flat-tiny-grad"
+    signature = "no-grad-flow"
+    severity = Severity.CRITICAL
+    tiny_grad = True
+
+    def check(self, record: Record, loss: float, state: _FlatTrend) -> Alarm | None:
+        super().check(record, loss, state)
+        return None  # the repeat run is LOSS004's; this code judges only the whole run, at the end
+
+    def report(self, flat: _FlatTrend, rank: int | None, start: float, end: float, grad: float | None):
+        return self.emit(
+            f"the loss did not move in {flat.num} logs ({start:.4g} -> {end:.4g}) and the gradient norm "
+            f"is tiny (mean {grad:.3g}): almost nothing trainable receives a gradient",
+            flat.first_step, rank, start=start, end=end, mean_grad_norm=grad)
 
 
 @register
@@ -311,7 +342,7 @@ class LossSpike(_TrendDetector):
             state.spike_at, state.spike_value, state.spike_age = record.step, loss, 0
         return None
 
-    def calm(self, state: _Trend) -> bool:
+    def settled(self, state: _Trend) -> bool:
         return state.spike_at is None
 
     def absorb_quietly(self, state: _Trend, batch: Batch) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lossguard.core.batch import Batch
-from lossguard.core.detector import register
+from lossguard.core.calm import nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
+from lossguard.detectors.registry import register
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
 
@@ -19,7 +19,6 @@ class _Zeros:
     both_zero: Streak = field(default_factory=Streak)  # loss and grad_norm both exactly 0
     grad_zero: Streak = field(default_factory=Streak)  # grad_norm 0, loss finite and non-zero
     loss_zero: Streak = field(default_factory=Streak)  # loss exactly 0
-    seen_nonzero_loss: bool = False
 
 
 @register
@@ -29,6 +28,7 @@ class MaskedLabels(DetectorBase):
     (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens)."""
 
     wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing", "image-token-mismatch"})
+    calm = {"num_label_tokens": nonzero, "loss": nonzero}  # a streak of zeros needs a zero loss
     code = "LABEL001"
     name = "labels.all-masked"
     signature = "masked-labels"
@@ -59,21 +59,14 @@ class MaskedLabels(DetectorBase):
         if loss is None or grad is None:
             return []
         streak = self._state[record.rank].both_zero
-        if streak.update(loss == 0.0 and grad == 0.0, record.step) >= _STREAK:
+        seq = self.counts.seq(record.rank, "grad_norm")  # logs with a grad norm, the skipped calm ones too
+        if streak.update(loss == 0.0 and grad == 0.0, record.step, seq) >= _STREAK:
             why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
             return self.emit(
                 f"loss and grad_norm are both exactly 0 from step {streak.since}: no label is "
                 f"supervised, so there is nothing to learn{why}",
                 streak.since, record.rank, warnings=self.num_warnings)
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        losses, grads = batch.column("loss"), batch.column("grad_norm")
-        if 0.0 in batch.column("num_label_tokens") or (0.0 in losses and 0.0 in grads):
-            return False
-        if any(loss is not None and grad is not None for loss, grad in zip(losses, grads)):
-            self._state[batch.rank].both_zero.count = 0
-        return True
 
     def finish(self) -> list[Finding]:
         super().finish()
@@ -89,11 +82,14 @@ class MaskedLabels(DetectorBase):
 
 @register
 class NoGradientFlow(DetectorBase):
-    """GRAD002: gradient norm exactly 0 while the loss is finite and non-zero: nothing trainable gets a
-    gradient (LoRA + reentrant checkpointing without input grads, frozen modules, a module created
-    after the optimizer). Live: the first step's `no-grad` and `trainable-not-in-optimizer` events."""
+    """GRAD002: gradient norm exactly 0 while the loss is finite and non-zero, two logs in a row: nothing
+    trainable gets a gradient (LoRA + reentrant checkpointing without input grads, frozen modules). The
+    other no-gradient conditions have their own codes: GRAD003 (0 trainable parameters), GRAD004 (live:
+    tensors without a gradient), GRAD005 (live: tensors outside the optimizer), LOSS008 (flat loss with
+    a tiny gradient norm)."""
 
-    wants = frozenset({"grad_norm", "overflow", "no-input-grad", "trainable-params", "no-grad", "trainable-not-in-optimizer"})
+    wants = frozenset({"grad_norm", "overflow", "no-input-grad"})
+    calm = {"grad_norm": nonzero}
     code = "GRAD002"
     name = "grad.no-flow"
     signature = "no-grad-flow"
@@ -111,53 +107,104 @@ class NoGradientFlow(DetectorBase):
         if record.kind != TRAIN:
             return []
         loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
-        if loss is None or grad is None or record.step in self._overflow_steps:
+        if loss is None or grad is None:
             return []
+        # An fp16 skip also logs grad_norm 0.0: such a step breaks the run instead of extending it.
+        holds = grad == 0.0 and loss != 0.0 and not is_nonfinite(loss) and record.step not in self._overflow_steps
         streak = self._state[record.rank].grad_zero
-        if streak.update(grad == 0.0 and loss != 0.0 and not is_nonfinite(loss), record.step) >= _STREAK:
+        if streak.update(holds, record.step, self.counts.seq(record.rank, "grad_norm")) >= _STREAK:
             hint = f" ({'; '.join(self.hints)})" if self.hints else ""
             return self.emit(
                 f"grad_norm is exactly 0 from step {streak.since} while the loss is {loss:g}: "
                 f"no trainable parameter receives a gradient{hint}", streak.since, record.rank)
         return []
 
-    def absorb(self, batch: Batch) -> bool:
-        grads = batch.column("grad_norm")
-        if 0.0 in grads:
-            return False
-        overflow = self._overflow_steps
-        if any(loss is not None and grad is not None and step not in overflow
-               for loss, grad, step in zip(batch.column("loss"), grads, batch.steps)):
-            self._state[batch.rank].grad_zero.count = 0
-        return True
-
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow" and record.step is not None:
             self._overflow_steps.add(record.step)
-            return []
-        if record.event == "no-input-grad":
+        elif record.event == "no-input-grad":
             self.hints.append("PyTorch warned 'None of the inputs have requires_grad=True'")
-        elif record.event == "trainable-params" and record.data.get("count") == 0:
-            return self.emit("the Trainer reports 0 trainable parameters", record.step,
-                             evidence="Number of trainable parameters = 0")
-        elif record.event == "no-grad":
-            count = record.data.get("count", 0)
-            total = record.data.get("num_trainable", record.data.get("total"))
-            names = ", ".join(record.data.get("params", [])[:5])
-            every = total is not None and count >= total
-            return self.emit(
-                f"{count} trainable parameter tensors got no gradient at step {record.step} on rank "
-                f"{record.rank} ({names}{'...' if count > 5 else ''})", record.step, record.rank,
-                severity=Severity.CRITICAL if every else Severity.ERROR, params=record.data.get("params", []))
-        elif record.event == "trainable-not-in-optimizer":
-            count = record.data.get("count", 0)
-            names = ", ".join(record.data.get("params", [])[:5])
-            return self.emit(
-                f"{count} trainable parameter tensors are not in the optimizer and will never be updated "
-                f"({names}{'...' if count > 5 else ''}); was a module created or replaced after the "
-                "optimizer?", record.step, record.rank, severity=Severity.ERROR,
-                params=record.data.get("params", []))
         return []
+
+
+def _names(data: dict) -> str:
+    """The first parameter names of an event, for a message."""
+    count = data.get("count", 0)
+    return ", ".join(data.get("params", [])[:5]) + ("..." if count > 5 else "")
+
+
+class _OneEvent(DetectorBase):
+    """Reports the first event of one name (the live monitor's first-step checks, a Trainer line)."""
+
+    event_name = "?"
+    signature = "no-grad-flow"
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == EVENT and record.event == self.event_name:
+            return self.on_event(record)
+        return []
+
+    def on_event(self, record: Record) -> list[Finding]:
+        raise NotImplementedError
+
+
+@register
+class NoTrainableParameters(_OneEvent):
+    """GRAD003: the Trainer reports 0 trainable parameters (`Number of trainable parameters = 0`): every
+    weight is frozen, so nothing can learn."""
+
+    wants = frozenset({"trainable-params"})
+    event_name = "trainable-params"
+    code = "GRAD003"
+    name = "grad.no-trainable-params"
+    severity = Severity.CRITICAL
+
+    def on_event(self, record: Record) -> list[Finding]:
+        if record.data.get("count") != 0:
+            return []
+        return self.emit("the Trainer reports 0 trainable parameters", record.step,
+                         evidence="Number of trainable parameters = 0")
+
+
+@register
+class ParametersWithoutGradient(_OneEvent):
+    """GRAD004 (live): after the first backward, trainable parameter tensors hold no gradient (frozen by
+    reentrant checkpointing without input grads, or outside the loss's graph). Critical when none of
+    the trainable tensors got one."""
+
+    wants = frozenset({"no-grad"})
+    event_name = "no-grad"
+    code = "GRAD004"
+    name = "grad.params-without-grad"
+    severity = Severity.ERROR
+
+    def on_event(self, record: Record) -> list[Finding]:
+        count = record.data.get("count", 0)
+        total = record.data.get("num_trainable", record.data.get("total"))
+        every = total is not None and count >= total
+        return self.emit(
+            f"{count} trainable parameter tensors got no gradient at step {record.step} on rank "
+            f"{record.rank} ({_names(record.data)})", record.step, record.rank,
+            severity=Severity.CRITICAL if every else Severity.ERROR, params=record.data.get("params", []))
+
+
+@register
+class ParametersNotInOptimizer(_OneEvent):
+    """GRAD005 (live): trainable parameter tensors that the optimizer does not hold, so they are never
+    updated (a module created or replaced after the optimizer was built)."""
+
+    wants = frozenset({"trainable-not-in-optimizer"})
+    event_name = "trainable-not-in-optimizer"
+    code = "GRAD005"
+    name = "grad.params-not-in-optimizer"
+    severity = Severity.ERROR
+
+    def on_event(self, record: Record) -> list[Finding]:
+        count = record.data.get("count", 0)
+        return self.emit(
+            f"{count} trainable parameter tensors are not in the optimizer and will never be updated "
+            f"({_names(record.data)}); was a module created or replaced after the optimizer?",
+            record.step, record.rank, params=record.data.get("params", []))
 
 
 @register
@@ -166,6 +213,7 @@ class ZeroLoss(DetectorBase):
     Reported at the end so the more specific detectors speak first."""
 
     wants = frozenset({"loss"})
+    calm = {"loss": nonzero}
     code = "LOSS003"
     name = "loss.exact-zero"
     signature = "zero-loss"
@@ -179,23 +227,13 @@ class ZeroLoss(DetectorBase):
         loss = record.signals.get("loss")
         if record.kind != TRAIN or loss is None:
             return []
-        state = self._state[record.rank]
-        state.loss_zero.update(loss == 0.0, record.step)
-        state.seen_nonzero_loss = state.seen_nonzero_loss or loss != 0.0
+        self._state[record.rank].loss_zero.update(loss == 0.0, record.step, self.counts.seq(record.rank, "loss"))
         return []
-
-    def absorb(self, batch: Batch) -> bool:
-        losses = batch.column("loss")
-        if 0.0 in losses:
-            return False
-        if losses.count(None) != len(losses):
-            state = self._state[batch.rank]
-            state.loss_zero.count, state.seen_nonzero_loss = 0, True
-        return True
 
     def finish(self) -> list[Finding]:
         for rank, state in self._state.items():
-            if state.loss_zero.count >= _STREAK and not state.seen_nonzero_loss:
+            zeros = state.loss_zero  # every loss of the rank: the run began at its first and is still on
+            if zeros.count >= _STREAK and zeros.first_seq == 1 and zeros.last_seq == self.counts.seq(rank, "loss"):
                 return self.emit(
                     f"loss is exactly 0.0 in every log from step {state.loss_zero.since}: either every label "
                     "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "

@@ -19,6 +19,7 @@ import torch
 from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
 from lossguard.core.records import Record, event
+from lossguard.detectors import make_detectors
 from lossguard.monitor import dist, tensors
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.sinks import (
@@ -51,7 +52,7 @@ class Monitor:
         self.device = dist.comm_device()
         self.model = tensors.unwrap_model(model)
         self.optimizer = optimizer
-        self.engine = Engine(detectors=options.detectors)
+        self.engine = Engine(make_detectors() if options.detectors is None else options.detectors)
         self.rules = halt_rules(options.halt_on)
         self.halted_at: int | None = None
         self.disabled = False  # agreed by every rank: analysis off, no more collectives

@@ -15,6 +15,7 @@ from lossguard.core.engine import Engine
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Severity
 from lossguard.core.records import Record
+from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import Diagnosis, diagnose
 from lossguard.sources.scan import iter_lines
 from lossguard.sources.text_log import TextLogParser
@@ -42,7 +43,7 @@ class LiveAnalyzer:
         self.halt_on = halt_on
         self.source = source
         self.cap_bytes = cap_bytes
-        self.engine = Engine(facts=facts)
+        self.engine = Engine(make_detectors(), facts=facts)
         self.parser = TextLogParser(source)
         self.num_lines = 0  # lines seen so far, over both streams: line numbers in the watch log
         self._announced: set[tuple[str, str | None]] = set()
