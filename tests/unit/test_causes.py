@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import lossguard
-from lossguard.core.detector import registered
+from lossguard.detectors import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.ranking import rank_causes
 from lossguard.knowledge import ISSUES

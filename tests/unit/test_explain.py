@@ -9,7 +9,7 @@ import pytest
 
 import lossguard
 from lossguard import explain as docs
-from lossguard.core.detector import registered
+from lossguard.detectors import registered
 from lossguard.diagnose.signatures import SIGNATURES
 from lossguard.lint.rules import all_rules
 
