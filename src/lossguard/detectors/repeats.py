@@ -34,13 +34,13 @@ class _History:
 
 @register
 class LossRepeats(DetectorBase):
-    """LOSS008: the logged loss repeats an earlier stretch of the run value for value (six or more logs in the
+    """LOSS009: the logged loss repeats an earlier stretch of the run value for value (six or more logs in the
     same order): the same batches give the same loss, so the weights are not being updated (learning rate 0,
     frozen parameters, an optimizer that skips every step). Fix: check the learning rate schedule, which
     parameters require grad and are in the optimizer, and the skipped-step count."""
 
     wants = frozenset({"loss"})
-    code = "LOSS008"
+    code = "LOSS009"
     name = "loss.repeats"
     signature = "not-learning"
     severity = Severity.ERROR
