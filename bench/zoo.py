@@ -157,6 +157,13 @@ def totals(rows: list[tuple[str, dict[str, Verdict | None]]]) -> list[str]:
 
 
 def main() -> None:
+    from lossguard.probe.job import stop_jobs_on_signals
+
+    with stop_jobs_on_signals():  # a killed bench run stops the scenario it was running, ranks included
+        run_zoo()
+
+
+def run_zoo() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated scenario names")
     parser.add_argument("--fixtures", action="store_true", help="score tests/fixtures/real instead of running")

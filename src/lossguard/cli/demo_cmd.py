@@ -35,9 +35,12 @@ def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
         raise UserError(f"no demo scenario {name!r}; choose one of: {', '.join(demos.DEMOS)}")
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="lossguard-demo-"))
     from lossguard.demo_flow import run_demo
+    from lossguard.probe.job import stop_jobs_on_signals
     from lossguard.sources.base import SourceError
 
     try:
-        sys.exit(run_demo(demos.DEMOS[name], out))
+        with stop_jobs_on_signals():  # a killed demo stops its ranks too, not just itself
+            code = run_demo(demos.DEMOS[name], out)
+        sys.exit(code)
     except SourceError as exc:  # a demo job that crashed before logging: say what the log says
         raise UserError(f"the demo run left nothing to diagnose: {exc}; its output is under {out}") from None
