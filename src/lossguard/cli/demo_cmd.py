@@ -33,6 +33,13 @@ def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
     name = scenario or demos.DEFAULT
     if name not in demos.DEMOS:
         raise UserError(f"no demo scenario {name!r}; choose one of: {', '.join(demos.DEMOS)}")
+    from lossguard.probe.launch import job_env
+    from lossguard.probe.preflight import MissingPiece, check_job_stack
+
+    try:
+        check_job_stack("the demo", env=job_env(None))
+    except MissingPiece as exc:
+        raise UserError(str(exc)) from None
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="lossguard-demo-"))
     from lossguard.demo_flow import run_demo
     from lossguard.probe.job import stop_jobs_on_signals
