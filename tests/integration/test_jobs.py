@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 def live_processes(marker: str, exclude: set[int] = frozenset()) -> list[tuple[int, int, str]]:
     """(pid, pgid, args) of every live (not zombie) process whose command line mentions `marker`."""
-    out = subprocess.run(["ps", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True).stdout
     found = []
     for line in out.splitlines():
         pid, pgid, stat, args = line.split(None, 3)
@@ -37,7 +37,7 @@ def live_processes(marker: str, exclude: set[int] = frozenset()) -> list[tuple[i
 
 
 def group_alive(pgid: int) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()
             if int(line.split()[0]) == pgid and not line.split()[1].startswith("Z")]
 
@@ -101,16 +101,32 @@ def test_an_exception_in_the_caller_stops_the_job(tmp_path, monkeypatch):
     assert not group_alive(job.pgid), group_alive(job.pgid)
 
 
+def ranks_of(tmp_path: Path) -> list[tuple[int, int, str]]:
+    """The rank processes (the launcher's command line names the module too)."""
+    return [p for p in live_processes(str(tmp_path)) if "lossguard.probe.train_job" in p[2]
+            and "torchrun" not in p[2] and "torch.distributed.run" not in p[2]]
+
+
 def test_a_two_rank_job_stopped_mid_run_leaves_no_rank(tmp_path):
-    cmd = build_command("healthy-raw", tmp_path, nproc=2, port=free_port(), steps=None, config_json=None)
+    cmd = build_command("healthy-raw", tmp_path, nproc=2, port=free_port(), steps=100_000, config_json=None)
     with Job(cmd, tmp_path / "stdout.log", env=job_env(None)) as job:
-        # torchrun plus both ranks are up (the ranks carry --out in their command lines)
-        ranks = wait_for(lambda: len(live_processes(str(tmp_path))) >= 3 and live_processes(str(tmp_path)),
-                         120, "torchrun and two ranks")
-        assert {pgid for _, pgid, _ in ranks} == {job.pgid}
+        ranks = wait_for(lambda: len(ranks_of(tmp_path)) == 2 and ranks_of(tmp_path), 120, "two ranks")
+        # torchrun starts every rank in a session of its own: the launcher's process group is not enough
+        assert all(pgid != job.pgid for _, pgid, _ in ranks)
         job.stop()
     assert not live_processes(str(tmp_path)), live_processes(str(tmp_path))
-    assert not group_alive(job.pgid)
+
+
+def test_ranks_orphaned_by_a_launcher_killed_alone_are_stopped(tmp_path):
+    cmd = build_command("healthy-raw", tmp_path, nproc=2, port=free_port(), steps=100_000, config_json=None)
+    with Job(cmd, tmp_path / "stdout.log", env=job_env(None)) as job:
+        wait_for(lambda: len(ranks_of(tmp_path)) == 2, 120, "two ranks")
+        os.kill(job.proc.pid, signal.SIGKILL)  # torchrun dies without telling its ranks (as `kill -9` does)
+        job.proc.wait()
+        time.sleep(1.0)
+        assert len(ranks_of(tmp_path)) == 2  # orphaned, still training
+        job.wait(timeout_s=60)
+    assert not live_processes(str(tmp_path)), live_processes(str(tmp_path))
 
 
 def test_a_zoo_run_that_overstays_its_timeout_leaves_no_rank(tmp_path):
@@ -125,9 +141,7 @@ def cli_killed_mid_run(tmp_path: Path, sig: int, *args: str) -> tuple[subprocess
     proc = subprocess.Popen([sys.executable, "-m", "lossguard", *args], env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        seen = wait_for(lambda: [p for p in live_processes(str(tmp_path), {proc.pid}) if "train_job" in p[2]],
-                        180, "the job's ranks")
-        assert all(pgid != proc.pid for _, pgid, _ in seen)  # the ranks live in the job's own group
+        wait_for(lambda: len(ranks_of(tmp_path)) >= 2, 180, "the job's ranks")
         proc.send_signal(sig)
         output = proc.communicate(timeout=60)[0]
     finally:
