@@ -62,8 +62,8 @@ class Job:
 
     def wait(self, timeout_s: float, *, on_tick: Callable[[float], None] | None = None,
              tick_s: float = 0.5) -> int:
-        """Wait for the launcher to exit (or `timeout_s`, then stop the group); `on_tick(elapsed_s)` runs
-        every `tick_s` meanwhile. Whatever the launcher left running in its group is stopped too."""
+        """Wait for the launcher to exit (or `timeout_s`, then stop the job); `on_tick(elapsed_s)` runs
+        every `tick_s` meanwhile. Whatever of the job the launcher left running is stopped too."""
         while True:
             try:
                 self.proc.wait(timeout=tick_s)
