@@ -16,7 +16,6 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def run_job(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    env.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     torchrun = Path(sys.executable).parent / "torchrun"
     # A fresh port, never torchrun's default 29500: a job that outlived its test must not meet the next one.
     proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -41,7 +40,6 @@ def run_job_two_nodes(script: str, out: Path, scenarios: list[str], timeout_s: i
     at a static rendezvous, the way a multi-node launch starts (node_rank 0 and 1)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    env.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     torchrun = Path(sys.executable).parent / "torchrun"
     procs = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "1",
                                "--master_addr", "127.0.0.1", "--master_port", str(port),
