@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-from lossguard.detectors.registry import register
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.records import EVAL, TRAIN, Record
+from lossguard.core.records import EVAL, Record
 from lossguard.detectors._base import DetectorBase
+from lossguard.detectors.registry import register
 
 # The evaluation loss must rise this far above its best (relative) ...
 _RISE = 0.5
@@ -39,7 +39,9 @@ class Overfitting(DetectorBase):
     (`load_best_model_at_end=True` with `metric_for_best_model="eval_loss"`), fewer epochs, more data,
     regularisation (dropout, weight decay), a lower learning rate."""
 
-    wants = frozenset({"loss", "eval_loss"})
+    # Train records are not routed here: the latest train loss comes from the engine's signal counts.
+    wants = frozenset({"eval_loss"})
+    calm: dict = {}  # evaluations are never batched; no train record is of interest
     code = "EVAL001"
     name = "eval.overfitting"
     signature = None
@@ -48,14 +50,14 @@ class Overfitting(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._best = _Best()
-        self._train: float | None = None  # the latest finite training loss
+        self._train: float | None = None  # the latest training loss when the last evaluation came
 
     def observe(self, record: Record) -> list[Finding]:
-        if record.kind == TRAIN:
-            loss = record.signals.get("loss")
-            if loss is not None and math.isfinite(loss) and loss > 0:
-                self._train = loss
-            return []
+        train = self.counts.last(record.rank, "loss")
+        if train is None and record.rank is not None:
+            train = self.counts.last(None, "loss")
+        if train is not None and math.isfinite(train) and train > 0:
+            self._train = train
         value = record.signals.get("eval_loss")
         if record.kind != EVAL or value is None or not math.isfinite(value):
             return []

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-from lossguard.detectors.registry import register
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank
+from lossguard.detectors.registry import register
 
 # Losses in a row that must recur, in order, to count as a repeat: long enough that a plateau printed at
 # four decimals cannot produce it by chance, and the run must hold at least this many distinct values.
