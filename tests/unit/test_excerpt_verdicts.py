@@ -68,8 +68,9 @@ def test_zero_loss_with_a_frozen_learning_rate_is_a_skipped_step_death(tmp_path)
 # -- non-finite grad norms ---------------------------------------------------------------------------------
 
 def test_grad_norm_nan_in_every_log_of_a_bf16_style_run_is_broken(tmp_path):
-    rows = [{"loss": 7.14 + (i % 3) / 1000, "grad_norm": float("nan"), "learning_rate": 1e-4, "epoch": i / 10}
-            for i in range(8)]
+    # The LR schedule keeps moving (a skipped step would hold it): the steps are applied, with NaN gradients.
+    rows = [{"loss": 7.14 + (i % 3) / 1000, "grad_norm": float("nan"), "learning_rate": 2.77e-5 - i * 1e-7,
+             "epoch": i / 10} for i in range(8)]
     d = _run(tmp_path, _dicts(rows))
     assert d.verdict == "broken" and d.signature in ("nonfinite", "not-learning")
 
