@@ -43,6 +43,10 @@ SCENARIOS = {
     "label-leakage": ("memorization", RunEvidence(measured={("LOSS007", "eval_ratio"): 0.2})),
     "benign-memorization": ("memorization", RunEvidence(measured={("LOSS007", "eval_ratio"): 1.4})),
     "replica-divergence": ("rank-desync", RunEvidence()),
+    "numerical-nan": ("nonfinite", RunEvidence(facts={"fp16": True})),
+    "eval-batch-nan": ("nonfinite", RunEvidence(measured={("LOSS001", "on_eval"): 1})),
+    "rl-zero-advantage": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 1})),
+    "rl-update-lost": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 0})),
 }
 
 

@@ -117,7 +117,8 @@ class NonFiniteLoss(DetectorBase):
     def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
         pending = self._pending.pop(record.rank, None)
         step = pending[0] if pending is not None else record.step
-        return self.emit(message, step, record.rank, signal=signal, value=str(value))
+        return self.emit(message, step, record.rank, signal=signal, value=str(value),
+                         on_eval=int(signal == "eval_loss"))
 
     def _skipped_here(self, record: Record) -> bool:
         # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.

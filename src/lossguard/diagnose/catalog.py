@@ -20,6 +20,7 @@ from lossguard.knowledge.conditions import (
     Fact,
     Fired,
     Measured,
+    NoneKnown,
     OnsetAtStart,
     inside,
     outside,
@@ -71,7 +72,12 @@ NOT_ZERO12 = fact("zero_stage", "in", [0, 3], 0.1, "ZeRO stage {value} has no Ze
 OVERLAP_ON = fact("overlap_comm", "==", True, 2.5, "overlap_comm is true")
 OVERLAP_OFF = fact("overlap_comm", "==", False, 0.05, "overlap_comm is false: the reduction is serialised")
 SINGLE_RANK = fact("world_size", "==", 1, 0.05, "a single rank cannot race on reduction")
-ZERO12_RACE = (ZERO12, NOT_ZERO12, SINGLE_RANK)
+# A log with no DeepSpeed config dump and no --config / --env says nothing for a ZeRO-1/2 race: such a cause
+# keeps a small share (it may still be the one), but the causes the log itself shows come first.
+NO_DEEPSPEED_FACTS = Condition(NoneKnown(("deepspeed_version", "zero_stage", "overlap_comm")), "==", True, 0.1,
+                               "nothing in the log shows DeepSpeed ZeRO-1/2 (no version, stage or overlap_comm; "
+                               "pass --config / --env to judge it)")
+ZERO12_RACE = (ZERO12, NOT_ZERO12, SINGLE_RANK, NO_DEEPSPEED_FACTS)
 CUDA_ONLY = fact("torch_version", "endswith", "+cpu", 0.05, "torch {value} is a CPU build: no cuDNN kernels")
 
 CAUSES: tuple[CauseRule, ...] = (
@@ -97,6 +103,8 @@ CAUSES: tuple[CauseRule, ...] = (
         fact("num_nodes", ">=", 2, 2.0, "{value} nodes"),
     )),
     CauseRule(ds.BF16_NO_OVERFLOW_CHECK, {"nonfinite-hidden": 0.35, "nonfinite": 0.3}, (
+        Condition(NoneKnown(("deepspeed_version", "zero_stage", "bf16")), "==", True, 0.1,
+                  "nothing in the log shows a DeepSpeed bf16 ZeRO run (pass --config / --env to judge it)"),
         fact("bf16", "==", True, 2.0, "bf16 is on"),
         fact("fp16", "==", True, 0.05, "fp16 runs skip overflowing steps"),
         fact("check_grad_overflow", "==", False, 3.0, "bf16.check_grad_overflow is false"),
@@ -168,6 +176,28 @@ CAUSES: tuple[CauseRule, ...] = (
                   "overfitting a small dataset"),
     )),
     CauseRule(tr.REPLICA_DIVERGENCE, {"rank-desync": 1.0}),
+    CauseRule(tr.NUMERICAL_INSTABILITY, {"nonfinite": 0.3, "nonfinite-hidden": 0.2, "divergence": 0.3}, (
+        fact("fp16", "==", True, 2.0, "fp16 is on: activations above 65504 overflow"),
+        event("overflow", 1.5, "{value} loss-scale OVERFLOW lines"),
+        fired("LOSS005", 1.5, "the loss diverged first"),
+        Condition(Measured("LOSS001", "on_eval"), ">=", 1, 0.2, "only the evaluation loss is non-finite"),
+    )),
+    CauseRule(tr.EVAL_ONLY_NAN, {"nonfinite": 0.02}, (
+        Condition(Measured("LOSS001", "on_eval"), ">=", 1, 50.0,
+                  "the evaluation loss is non-finite while training logs stay finite"),
+    )),
+    CauseRule(tr.RL_DEGENERATE_REWARDS, {"no-grad-flow": 0.02, "not-learning": 0.02}, (
+        Condition(Measured("GRAD006", "degenerate_rewards"), ">=", 1, 100.0,
+                  "an RL step with zero gradient whose groups all have identical rewards (reward_std 0)"),
+        Condition(Measured("GRAD006", "degenerate_rewards"), "<=", 0, 0.5,
+                  "the rewards vary inside the groups, so the advantages are not all 0"),
+    )),
+    CauseRule(tr.RL_UPDATE_LOST, {"no-grad-flow": 0.02}, (
+        Condition(Measured("GRAD006", "degenerate_rewards"), "<=", 0, 100.0,
+                  "an RL step with zero gradient although the rewards vary (reward_std > 0)"),
+        Condition(Measured("GRAD006", "degenerate_rewards"), ">=", 1, 0.1,
+                  "every group's rewards are identical: a zero gradient is expected"),
+    )),
 )
 
 if len({c.id for c in CAUSES}) != len(CAUSES):

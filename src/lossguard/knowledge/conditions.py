@@ -131,7 +131,29 @@ class OnsetAtStart:
         return None
 
 
-Subject = Fact | Event | Fired | Measured | OnsetAtStart
+@dataclass(frozen=True, slots=True)
+class NoneKnown:
+    """True when none of the named facts is known: the log says nothing about them (no config dump, no
+    `--config`), so causes that need them have no support at all."""
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in self.names:
+            Fact(name)  # same name check
+
+    def read(self, run: RunEvidence) -> Any:
+        return all(run.facts.get(name) is None for name in self.names)
+
+    @property
+    def label(self) -> str:
+        return f"none of {', '.join(self.names)} known"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+Subject = Fact | Event | Fired | Measured | OnsetAtStart | NoneKnown
 _OPS = {
     "==": lambda actual, expected: actual == expected,
     "in": lambda actual, expected: actual in expected,

@@ -201,7 +201,70 @@ GA_LOSS_SCALE = KnownIssue(
     sources=(f"{HF}/issues/34263", f"{HF}/issues/35663", f"{HF}/pull/35651"),
 )
 
+NUMERICAL_INSTABILITY = KnownIssue(
+    id="numerical-nan",
+    title="NaN/Inf from numerical instability: an fp16 overflow, a learning rate too high, or a bad batch",
+    mechanism="the first non-finite value comes from the forward or backward pass itself: activations past "
+              "fp16's 65504 (half precision on a bf16-pretrained model, or a V100 / T4 without bf16), an "
+              "update too large for the curvature, or one outlier batch (empty target, extreme length). Without "
+              "an overflow skip (bf16, plain AdamW, a custom loop) the NaN gradient is applied and every later "
+              "step is NaN.",
+    config="fp16 / half precision, a high learning rate, no gradient clipping",
+    symptoms="loss or grad norm turns nan / inf (often after a spike) and stays so; eval loss NaN",
+    fix="train in bf16 (or fp32) instead of fp16; lower the learning rate and add warmup; clip gradients "
+        "(max_grad_norm 1.0); drop batches with no supervised token; resume from the last finite checkpoint",
+    confirm="rerun from the last good checkpoint with bf16 (or fp32) and with half the learning rate; "
+            'TrainingArguments(debug="underflow_overflow") names the first layer that overflows',
+    sources=("https://github.com/karpathy/nanoGPT/issues/215", f"{LF}/issues/4202", f"{LF}/issues/1989"),
+)
+
+EVAL_ONLY_NAN = KnownIssue(
+    id="eval-batch-nan",
+    title="NaN in evaluation only: an eval batch (or context-parallel shard) with no supervised token",
+    mechanism="the evaluation loss is a mean over supervised tokens; a batch or sequence shard whose labels "
+              "are all -100 divides 0 by 0, and one NaN batch makes the averaged eval loss NaN while training "
+              "is fine (training skips or masks such batches, or sums instead of averaging).",
+    config="context parallelism / sequence sharding, packing, eval samples longer than the max length",
+    symptoms="eval_loss nan while the training loss and grad norm stay finite and learn",
+    fix="drop eval samples with no supervised token, average with nanmean / a token-weighted sum across "
+        "shards, or raise the eval max length",
+    confirm="count supervised tokens per eval batch (and per shard); the NaN batch has 0",
+    sources=("https://github.com/axolotl-ai-cloud/axolotl/issues/3026",),
+)
+
+RL_DEGENERATE_REWARDS = KnownIssue(
+    id="rl-zero-advantage",
+    title="GRPO groups with identical rewards: every advantage is 0, so the policy gradient vanishes",
+    mechanism="GRPO normalises each completion's reward by its group's mean and std; when all completions of "
+              "a prompt score the same (reward std 0), every advantage is 0, the policy loss and gradient are "
+              "0, and with beta 0 there is no KL term either: the step changes nothing.",
+    config="GRPO / RLOO with few generations per prompt, low temperature, or reward functions that rarely "
+           "tell completions apart",
+    symptoms="loss 0.0 and grad_norm 0.0 with reward_std 0 and frac_reward_zero_std near 1",
+    fix="make the rewards discriminate (graded, not pass/fail), sample more generations per prompt or at a "
+        "higher temperature, filter prompts that are always solved or never solved",
+    confirm="log the per-group reward std: the zero-gradient steps are those whose groups all have std 0",
+    sources=("https://github.com/huggingface/trl/issues/3857", "https://github.com/huggingface/trl/issues/2703"),
+)
+
+RL_UPDATE_LOST = KnownIssue(
+    id="rl-update-lost",
+    title="RL step with varying rewards but a gradient of exactly 0: the update never reaches the weights",
+    mechanism="with rewards that differ inside groups the advantages are non-zero, so an exact 0.0 gradient "
+              "norm (and a KL of 0, the policy identical to the reference) means the gradient is lost on its "
+              "way to the trainable weights: parameters frozen or not in the optimizer, or an engine bug "
+              "(older DeepSpeed ZeRO releases with the RL trainers' reference-model setup).",
+    config="GRPO / PPO under DeepSpeed ZeRO with an old DeepSpeed release, LoRA or partially frozen models",
+    symptoms="grad_norm 0.0 and kl 0.0 on every step while reward and reward_std look normal",
+    fix="upgrade DeepSpeed (and the RL framework) to a current release; check that the trainable parameters "
+        "require grad and are in the optimizer",
+    confirm="after the upgrade grad_norm and kl become non-zero on the same data; or compare one step "
+            "without DeepSpeed",
+    sources=("https://github.com/modelscope/ms-swift/issues/5890",),
+)
+
 ISSUES = (FP16_ACTIVATION_OVERFLOW, ATTENTION_KERNEL_NAN, LR_TOO_HIGH, MASKED_BATCH_NAN, TEMPLATE_MISMATCH,
           TRUNCATION_CUTS_ANSWERS, IMAGE_TOKEN_MISMATCH, LORA_REENTRANT, TRAINABLE_NOT_OPTIMIZED,
           SCHEDULER_NOT_STEPPING, LR_TOO_SMALL, WEIGHTS_NOT_UPDATING, LABEL_LEAKAGE, BENIGN_MEMORIZATION,
-          REPLICA_DIVERGENCE, GA_LOSS_SCALE)
+          REPLICA_DIVERGENCE, GA_LOSS_SCALE, NUMERICAL_INSTABILITY, EVAL_ONLY_NAN, RL_DEGENERATE_REWARDS,
+          RL_UPDATE_LOST)
