@@ -164,3 +164,16 @@ def test_train_loss_to_near_zero_without_eval_stays_healthy(tmp_path):
             for i in range(20)]
     d = _run(tmp_path, _dicts(rows))
     assert d.verdict == "healthy"
+
+
+def test_train_rows_carrying_a_null_eval_loss_are_train_rows(tmp_path):
+    # LLaMA-Factory's trainer_log.jsonl writes "eval_loss": null on every training row.
+    rows = [{"current_steps": s, "total_steps": 100, "loss": 2.7 - s / 100, "eval_loss": None,
+             "learning_rate": 3e-5, "epoch": s / 10} for s in range(1, 5)]
+    rows.append({"current_steps": 5, "total_steps": 100, "loss": 0.0, "eval_loss": None, "learning_rate": 3e-5,
+                 "epoch": 0.5})
+    import json
+    d = _run(tmp_path, "".join(json.dumps(r) + "\n" for r in rows), "trainer_log.jsonl")
+    assert d.result.stats.num_train == 5 and d.verdict == "broken"
+    d = _run(tmp_path, "".join(repr(r) + "\n" for r in rows), "train.log")
+    assert d.result.stats.num_train == 5 and d.verdict == "broken"

@@ -39,7 +39,9 @@ def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[R
                 signals[name] = number
         if not signals.keys() - {"epoch"}:
             continue
-        is_eval = any(str(k).startswith(("eval_", "eval/")) for k in row)
+        # An eval key counts only with a value: LLaMA-Factory's trainer_log.jsonl carries "eval_loss": null
+        # on every training row.
+        is_eval = any(str(k).startswith(("eval_", "eval/")) and to_float(v) is not None for k, v in row.items())
         yield Record(step=ordinal if step is None else step, signals=signals,
                      kind=EVAL if is_eval else TRAIN, source=source, line_no=line_no,
                      step_is_ordinal=last_step is None)

@@ -158,7 +158,7 @@ class TextLogParser:
             value = _hf_value(raw_value)
             if role == _SUMMARY:
                 is_summary = True
-            elif role == _EVAL:
+            elif role == _EVAL and value is not None:  # `'eval_loss': None` on a train log is not an eval
                 is_eval = True
             elif role == _STEP and value is not None and math.isfinite(value):
                 step = int(value)
