@@ -177,3 +177,25 @@ def test_train_rows_carrying_a_null_eval_loss_are_train_rows(tmp_path):
     assert d.result.stats.num_train == 5 and d.verdict == "broken"
     d = _run(tmp_path, "".join(repr(r) + "\n" for r in rows), "train.log")
     assert d.result.stats.num_train == 5 and d.verdict == "broken"
+
+
+# -- loss-scaler lines of other optimizers ---------------------------------------------------------------------
+
+def test_old_deepspeed_fused_optimizer_stuck_at_scale_one_is_an_overflow_storm(tmp_path):
+    lines = ["[INFO] [fused_optimizer.py:314:_update_scale] \nGrad overflow on iteration 8\n",
+             "[INFO] [fused_optimizer.py:316:_update_scale] Reducing dynamic loss scale from 1 to 1\n",
+             "[INFO] [logging.py:60:log_dist] [Rank 0] Overflow detected. Skipping step. Attempted loss scale: 1, "
+             "reducing to 1\n"]
+    d = _run(tmp_path, "".join(lines * 3))
+    assert d.verdict == "broken" and d.signature == "fp16-overflow"
+
+
+def test_fairseq_overflow_notes_carry_the_new_scale(tmp_path):
+    from lossguard.sources import discover, records
+
+    log = tmp_path / "train.log"
+    log.write_text("2020-03-23 11:41:18 | INFO | fairseq.trainer | NOTE: overflow detected, setting loss scale to: "
+                   "0.00048828125\n2020-03-23 11:50:00 | INFO | fairseq.trainer | Minimum loss scale reached (0.0001)."
+                   " Your loss is probably exploding.\n")
+    events = [(r.event, r.data.get("new_scale")) for r in records(discover([str(log)])) if r.event]
+    assert events == [("overflow", 0.00048828125), ("scale-at-minimum", None)]

@@ -106,7 +106,10 @@ def test_eval_names_become_eval_records_and_rl_names_their_own_signals():
 
 
 def test_prose_that_names_loss_without_a_value_is_no_record():
-    assert parse("the loss went down nicely\nReducing dynamic loss scale from 1 to 1\n") == []
+    assert parse("the loss went down nicely\nReducing dynamic loss scale from 1024 to 512\n") == []
+    # At DeepSpeed's floor the same line is an event (the scale cannot fall further), still no metric record.
+    assert [(r.kind, r.event) for r in parse("Reducing dynamic loss scale from 1 to 1\n")] == \
+        [("event", "scale-at-minimum")]
 
 
 def test_deepspeed_step_line_gives_the_dicts_their_steps_and_merges_with_them():

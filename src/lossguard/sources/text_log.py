@@ -178,11 +178,13 @@ class TextLogParser:
         data: dict = {}
         groups = [g.decode() if g else None for g in match.groups()]
         if name == "overflow":
-            if len(groups) == 3:
+            if not match.re.groupindex:  # DeepSpeed's ZeRO loss scaler: rank, attempted, new
                 data = {"rank": _int(groups[0]), "attempted_scale": to_float(groups[1]),
                         "new_scale": to_float(groups[2])}
             else:
-                data = {"attempted_scale": to_float(groups[0])}
+                named = {k: v.decode() if v else None for k, v in match.groupdict().items()}
+                data = {"attempted_scale": to_float(named.get("attempted")),
+                        "new_scale": to_float(named.get("new") or named.get("set_to"))}
         elif name == "tokenization-mismatch":
             data = {"got": _int(groups[0]), "expected": _int(groups[1])}
         elif name == "trainable-params":
