@@ -133,6 +133,7 @@ class _ZeroState:
     zero_streak: int = 0
     corroborated: str | None = None
     seq: int = 0  # the loss log (SignalCounts.seq) this state is up to
+    lr_frozen: bool = False  # the first zero came with the LR of the log before: a skipped step
 
 
 @register
@@ -177,6 +178,8 @@ class HiddenNonFinite(DetectorBase):
             return []  # zero from the first log, or after a smooth decay: other detectors judge
         if state.zero_since is None:
             state.zero_since = record.step
+            lr = record.signals.get("lr")
+            state.lr_frozen = lr is not None and lr != 0.0 and lr == self.counts.previous(record.rank, "lr")
         state.zero_streak += 1
         grad = record.signals.get("grad_norm")
         if is_nonfinite(grad):
@@ -201,7 +204,7 @@ class HiddenNonFinite(DetectorBase):
                     "Either the loss is NaN and the Trainer's filter prints 0.0, or every label is masked; "
                     "log grad_norm and eval_loss (or set logging_nan_inf_filter=False) to tell which",
                     state.zero_since, rank, severity=Severity.ERROR, signature="zero-loss",
-                    previous_loss=state.last_finite)
+                    previous_loss=state.last_finite, lr_frozen=int(state.lr_frozen))
         return []
 
     def _catch_up(self, state: _ZeroState, rank: int | None, upto: int) -> None:

@@ -118,11 +118,15 @@ CAUSES: tuple[CauseRule, ...] = (
         fact("bf16", "==", True, 0.1, "the run is bf16"),
         event("overflow", 2.0, "{value} DeepSpeed OVERFLOW lines"),
         event("scale-at-minimum", 2.0, "the loss scale hit its minimum"),
+        fired("LR002", 4.0, "loss and learning rate both exactly 0: no step was ever applied and the loss is a "
+                            "filtered NaN, what an overflow on every fp16 step looks like"),
     )),
     CauseRule(tr.ATTENTION_KERNEL_NAN, {"nonfinite-hidden": 0.1, "nonfinite": 0.12}, (
         inside(VersionWindow("torch", "2.5.0", "2.5.1"), 5.0, "torch {value} defaults to cuDNN SDPA on H100"),
         inside(VersionWindow("torch", "2.9.0"), 1.3, "torch {value} re-enabled cuDNN SDPA on SM90/100"),
         CUDA_ONLY,
+        Condition(NoneKnown(("torch_version",)), "==", True, 0.3,
+                  "the torch version is unknown (the kernel bugs are in torch 2.5.0 and >= 2.9 on H100/H200)"),
         event("cudnn-sdpa", 6.0, "cuDNN SDPA backward warning in the log"),
         onset_at_start(2.0, "NaN from the first logged step"),
     )),
@@ -137,9 +141,14 @@ CAUSES: tuple[CauseRule, ...] = (
         onset_at_start(1.5, "NaN from the first logged step"),
     )),
     CauseRule(tr.TEMPLATE_MISMATCH, {"masked-labels": 0.55, "zero-loss": 0.35}, (
+        fired("LOSS002", 0.3, "the loss was normal before it fell to 0.0: masking in preprocessing shows from "
+                              "the first step"),
+        onset_at_start(4.0, "the loss is 0.0 from the first steps on, as when every sample's labels are masked"),
         event("tokenization-mismatch", 5.0, "{value} 'tokenization mismatch' warnings"),
     )),
     CauseRule(tr.TRUNCATION_CUTS_ANSWERS, {"masked-labels": 0.35, "zero-loss": 0.25}, (
+        fired("LOSS002", 0.3, "the loss was normal before it fell to 0.0: masking in preprocessing shows from "
+                              "the first step"),
         event("response-key-missing", 5.0, "{value} 'Could not find response key' warnings"),
     )),
     CauseRule(tr.IMAGE_TOKEN_MISMATCH, {"masked-labels": 0.05, "zero-loss": 0.05}, (
@@ -156,6 +165,7 @@ CAUSES: tuple[CauseRule, ...] = (
     )),
     CauseRule(tr.SCHEDULER_NOT_STEPPING, {"lr-zero": 0.6}, (
         event("lr-before-step", 2.0, "the Trainer warned the scheduler has not stepped"),
+        fired("LR002", 0.5, "the loss is 0.0 too: a warmup that has not started leaves a real loss"),
         event("overflow", 0.3),
     )),
     CauseRule(tr.LR_TOO_SMALL, {"not-learning": 0.4, "lr-zero": 0.2}, (event("lr-before-step", 0.5),)),
@@ -176,8 +186,14 @@ CAUSES: tuple[CauseRule, ...] = (
                   "overfitting a small dataset"),
     )),
     CauseRule(tr.REPLICA_DIVERGENCE, {"rank-desync": 1.0}),
-    CauseRule(tr.NUMERICAL_INSTABILITY, {"nonfinite": 0.3, "nonfinite-hidden": 0.2, "divergence": 0.3}, (
+    CauseRule(tr.NUMERICAL_INSTABILITY, {"nonfinite": 0.3, "nonfinite-hidden": 0.2, "divergence": 0.3,
+                                          "zero-loss": 0.1}, (
         fact("fp16", "==", True, 2.0, "fp16 is on: activations above 65504 overflow"),
+        fired("LOSS002", 4.0, "the loss fell from a normal value to exactly 0.0 in one log: the Trainer's NaN "
+                              "filter prints a NaN loss as 0.0"),
+        Condition(Measured("LOSS002", "lr_frozen"), ">=", 1, 2.0,
+                  "the learning rate did not move at that log: the optimizer skipped the step"),
+        onset_at_start(0.6, "trouble from the first steps, before any large update"),
         event("overflow", 1.5, "{value} loss-scale OVERFLOW lines"),
         fired("LOSS005", 1.5, "the loss diverged first"),
         Condition(Measured("LOSS001", "on_eval"), ">=", 1, 0.2, "only the evaluation loss is non-finite"),

@@ -124,7 +124,7 @@ TRAINABLE_NOT_OPTIMIZED = KnownIssue(
 
 SCHEDULER_NOT_STEPPING = KnownIssue(
     id="scheduler-not-stepping",
-    title="the LR scheduler never leaves 0: warmup longer than the run, or DeepSpeed skips every step",
+    title="the LR scheduler never leaves 0: warmup longer than the run, or every step skipped (fp16 overflow)",
     mechanism="the learning rate follows the scheduler, which only advances on optimizer steps that are "
               "taken; a warmup longer than the run or skipped steps keep it at 0.",
     symptoms="learning_rate 0.0 on every log, loss flat",
