@@ -76,10 +76,14 @@ class Streak:
     last_seq: int | None = None
     first_seq: int | None = None  # the seq where the current run began
 
-    def update(self, holds: bool, step: int | None, seq: int | None = None) -> int:
+    def follow(self, seq: int | None) -> None:
+        """A record seen that neither continues nor ends the run: the next one still follows it."""
         if seq is not None and self.last_seq is not None and seq != self.last_seq + 1:
             self.count = 0
         self.last_seq = seq
+
+    def update(self, holds: bool, step: int | None, seq: int | None = None) -> int:
+        self.follow(seq)
         if not holds:
             self.count = 0
         else:

@@ -9,6 +9,7 @@ scale driven below 2^8, or DeepSpeed's own "already at minimum".
 from __future__ import annotations
 
 from lossguard.core.batch import Batch, all_finite, grows
+from lossguard.core.calm import nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
@@ -197,13 +198,14 @@ class LearningRateZero(DetectorBase):
     severity = Severity.CRITICAL
     _STREAK = 3
 
+    calm = {"lr": nonzero}  # a non-zero LR ends a run of zeros: the engine routes only the zeros
+
     def __init__(self) -> None:
         super().__init__()
         self._zero = Streak()
         self._warned_before_step = 0
-        self._steps: set[int] = set()
+        self._steps: set[int] = set()  # steps counted (a DeepSpeed `step=` line and an HF dict share one)
         self._overflow_steps: set[int] = set()
-        self._skipped_total: float | None = None
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT and record.event == "lr-before-step":
@@ -212,57 +214,32 @@ class LearningRateZero(DetectorBase):
         if record.kind == EVENT and record.event == "overflow" and record.step is not None:
             self._overflow_steps.add(record.step)
             return []
-        lr = record.signals.get("lr")
-        if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
+        if record.kind != TRAIN or record.signals.get("lr") != 0.0 or record.rank not in (None, 0):
+            return []  # a non-zero LR ends the run of zeros: the next zero finds a gap in the LR logs
+        # LR logs of the run-level log and rank 0 so far, the non-zero ones the engine did not route too.
+        seq = self.counts.seq(None, "lr") + self.counts.seq(0, "lr")
+        if record.step in self._steps or record.step in self._overflow_steps or self._skipped(record):
+            self._zero.follow(seq)  # a skipped step does not step the scheduler: not a stuck LR
             return []
-        if record.step in self._steps:  # a DeepSpeed `step=` line and an HF dict for the same step
-            return []
-        skipped = record.signals.get("skipped_steps")
-        step_skipped = bool(record.data.get("step_skipped")) or (
-            skipped is not None and self._skipped_total is not None and skipped > self._skipped_total)
-        loss = record.signals.get("loss")
-        # In a log without skip counters, a non-finite grad norm next to a finite loss is a skipped step.
-        step_skipped = step_skipped or (is_nonfinite(record.signals.get("grad_norm")) and loss is not None
-                                        and loss != 0.0 and not is_nonfinite(loss))
-        if skipped is not None:
-            self._skipped_total = skipped
-        if step_skipped or record.step in self._overflow_steps:
-            return []  # a skipped step does not step the scheduler: fp16 calibration is not a stuck LR
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()
-        if self._zero.update(lr == 0.0, record.step) >= self._STREAK:
+        if self._zero.update(True, record.step, seq) >= self._STREAK:
             why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
                    if self._warned_before_step else "")
             return self.emit(f"learning rate is 0 in {self._zero.count} logs in a row from step "
                              f"{self._zero.since}: the weights are not being updated{why}", self._zero.since)
         return []
 
-    def absorb(self, batch: Batch) -> bool:
-        if batch.rank not in (None, 0):
-            return True  # `observe` reads rank 0 / the run-level log only
-        lrs = batch.column("lr")
-        if 0.0 in lrs:
-            return False
-        # No zero LR: `observe` would only track steps and the skip counter; do that, in order.
-        steps, overflow, total, counted = self._steps, self._overflow_steps, self._skipped_total, False
-        finite_grads = all_finite(batch.column("grad_norm"))
-        for step, lr, skipped, grad, loss in zip(batch.steps, lrs, batch.column("skipped_steps"),
-                                                 batch.column("grad_norm"), batch.column("loss")):
-            if lr is None or step in steps:
-                continue
-            step_skipped = (skipped is not None and total is not None and skipped > total) or (
-                not finite_grads and is_nonfinite(grad) and loss is not None and loss != 0.0
-                and not is_nonfinite(loss))
-            if skipped is not None:
-                total = skipped
-            if step_skipped or step in overflow:
-                continue
-            steps.add(step)
-            if len(steps) > 4096:
-                steps.clear()
-            counted = True
-        self._skipped_total = total
-        if counted:
-            self._zero.count = 0
-        return True
+    def _skipped(self, record: Record) -> bool:
+        """The step of this log was skipped: the skip counter grew, or (in a log without skip counters)
+        the grad norm is non-finite next to a finite loss."""
+        if record.data.get("step_skipped"):
+            return True
+        skipped = record.signals.get("skipped_steps")
+        before = self.counts.previous(record.rank, "skipped_steps")
+        if skipped is not None and before is not None and skipped > before:
+            return True
+        loss = record.signals.get("loss")
+        return is_nonfinite(record.signals.get("grad_norm")) and loss is not None and loss != 0.0 \
+            and not is_nonfinite(loss)
