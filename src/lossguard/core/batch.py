@@ -65,12 +65,6 @@ class Batch:
         return self._train_loss_values
 
 
-def all_finite(values: list[float | None]) -> bool:
-    """No NaN/Inf among the values (None ignored). Summing is C-speed; a sum that overflows on huge but
-    finite values reads as "not all finite", which only sends the batch down the exact path."""
-    return math.isfinite(sum(filter(None, values)))
-
-
 def grows(values: list[float], start: float | None = None) -> bool:
     """True when some value is larger than the one before it (the first compared with `start`)."""
     if start is not None and values and values[0] > start:

@@ -8,8 +8,8 @@ scale driven below 2^8, or DeepSpeed's own "already at minimum".
 
 from __future__ import annotations
 
-from lossguard.core.batch import Batch, all_finite, grows
-from lossguard.core.calm import nonzero
+from lossguard.core.batch import Batch, grows
+from lossguard.core.calm import finite, nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
@@ -82,7 +82,7 @@ class OverflowStorm(DetectorBase):
             return False  # a skipped step: judged one by one
         losses, raws = batch.column("loss"), batch.column("raw_loss")
         if 0.0 in losses or 0.0 in raws or not (
-                all_finite(losses) and all_finite(raws) and all_finite(batch.column("grad_norm"))):
+                finite(losses) and finite(raws) and finite(batch.column("grad_norm"))):
             return False  # a dead or dying log (the LR may be freezing): judged one by one
         # Every loss is finite and non-zero, so no LR is freezing and every counted loss is an applied
         # step. Once one was, `_applied_any` stays True and `_streak` 0 until the next skip.
