@@ -102,6 +102,22 @@ def test_lr_zero_beyond_the_first_log():
     assert run(logs((2.0, 1.3, 0.0), (1.9, 1.2, 1e-4), (1.8, 1.1, 1e-4))).verdict == "healthy"
 
 
+def test_lr_zero_run_ends_at_a_nonzero_lr_and_skips_skipped_steps():
+    """LR001 is handed only zero-LR logs: a non-zero LR between them (a log it never sees) still ends the
+    run, fed one by one or in a batch; a zero-LR log whose step was skipped neither counts nor ends it."""
+    broken = logs((2.0, 1.3, 0.0), (2.0, 1.2, 0.0), (2.0, 1.2, 1e-4), (2.0, 1.25, 0.0), (2.0, 1.3, 0.0))
+    assert run(broken).signature != "lr-zero"
+    engine = Engine(make_detectors())
+    for record in broken:
+        engine.feed(record)
+    assert "LR001" not in {f.code for f in engine.finish().findings}
+    skipped = logs((2.0, 1.3, 0.0), (2.0, math.inf, 0.0), (2.0, 1.2, 0.0), (2.0, 1.25, 0.0))
+    d = run(skipped)
+    assert (d.signature, d.onset_step) == ("lr-zero", 1)
+    lr001 = next(f for f in d.findings if f.code == "LR001")
+    assert lr001.data.get("occurrences", 1) == 1  # reached 3 at step 4 only: the skipped step 2 not counted
+
+
 def test_flat_loss_is_not_learning():
     d = run(logs(*[(2.9, 1.3 + 0.01 * i, 1e-4) for i in range(10)]))
     assert (d.signature, d.onset_step) == ("not-learning", 1)
