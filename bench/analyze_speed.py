@@ -68,6 +68,43 @@ def build_log(path: Path, num_lines: int, seed: int = 0, dead_from: float | None
             written += len(lines)
 
 
+def build_dense_log(path: Path, num_lines: int, seed: int = 0) -> None:
+    """A multi-node run that logs every step: per step a tqdm line, a DeepSpeed `step=` line and the
+    transformers-5 log dict (quoted values) printed once per node with the node's address in front."""
+    rng = random.Random(seed)
+    written, step, loss = 0, 0, 2.5
+    total = num_lines // 4
+    with open(path, "w") as out:
+        out.write(HEADER)
+        written += HEADER.count("\n")
+        while written < num_lines:
+            step += 1
+            loss = max(0.3, loss * 0.9999 + rng.uniform(-0.01, 0.01))
+            logged = (f"{{'loss': '{loss:.4f}', 'grad_norm': '{rng.uniform(0.5, 2):.4f}', "
+                      f"'learning_rate': '1e-05', 'epoch': '{step / total:.4f}'}}")
+            lines = [
+                f"{100 * step // total:3d}%|###       | {step}/{total} [01:{step % 60:02d}<10:00,  1.50it/s]",
+                f"[2026-11-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] "
+                f"step={step}, skipped=0, lr=[1e-05, 1e-05], mom=[(0.9, 0.999), (0.9, 0.999)]",
+                f"10.0.0.1: {logged}",
+                f"10.0.0.2: {logged}",
+            ]
+            out.write("\n".join(lines) + "\n")
+            written += len(lines)
+
+
+def parse_only_s(path: Path) -> tuple[float, int]:
+    """(seconds, records) to iterate the parser's records in this process, without the detectors."""
+    import gc
+
+    from lossguard.sources import discover, records
+
+    gc.freeze()  # as `lossguard analyze` does: the cyclic collector would time itself, not the parser
+    start = time.perf_counter()
+    count = sum(1 for _ in records(discover([str(path)])))
+    return time.perf_counter() - start, count
+
+
 def _child_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     # An installed package has its bytecode compiled (pip does it); a sandbox that sets
@@ -97,6 +134,7 @@ def best(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT / "src"))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
@@ -121,6 +159,15 @@ def main() -> None:
         big = Path(tmp) / "train4x.log"
         build_log(big, 4 * args.lines)
         _, rss_4 = best([*analyze, str(big)], 1)
+        dense = Path(tmp) / "dense.log"
+        build_dense_log(dense, args.lines)
+        dense_grep_s, _ = best(["grep", "-c", "loss", str(dense)], args.repeat)
+        dense_s, rss_dense = best([*analyze, str(dense)], args.repeat)
+        print(f"dense multi-node log (tqdm + step= + two node-prefixed quoted dicts every step): analyze "
+              f"{dense_s:.3f} s, grep -c {dense_grep_s:.3f} s: {dense_s / dense_grep_s:.2f}x, peak RSS {rss_dense} MiB")
+        for name, path in (("bench log", log), ("dense log", dense)):
+            parse_s, count = min(parse_only_s(path) for _ in range(args.repeat))
+            print(f"parse only ({name}, in-process, no detectors): {parse_s:.3f} s, {count:,} records")
         print(f"peak RSS: {rss_1} MiB at {args.lines:,} lines, {rss_4} MiB at {4 * args.lines:,} lines")
 
 

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from lossguard.api import analyze  # noqa: E402
+from lossguard.probe.preflight import TRAINING_STACK  # noqa: E402
 from lossguard.probe.scenarios import SCENARIOS  # noqa: E402
 from lossguard.sources.base import SourceError  # noqa: E402
 
@@ -157,11 +158,27 @@ def totals(rows: list[tuple[str, dict[str, Verdict | None]]]) -> list[str]:
 
 
 def main() -> None:
+    from lossguard.probe.job import stop_jobs_on_signals
+
+    with stop_jobs_on_signals():  # a killed bench run stops the scenario it was running, ranks included
+        run_zoo()
+
+
+def run_zoo() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated scenario names")
     parser.add_argument("--fixtures", action="store_true", help="score tests/fixtures/real instead of running")
     parser.add_argument("--keep", help="keep (and reuse) run directories here")
     args = parser.parse_args()
+    if not args.fixtures:
+        from lossguard.probe.launch import job_env
+        from lossguard.probe.preflight import MissingPiece, check_job_stack
+
+        try:
+            check_job_stack("the zoo's jobs", env=job_env(), modules=(*TRAINING_STACK, "peft"))
+        except MissingPiece as exc:
+            print(f"zoo: {exc}", file=sys.stderr)
+            sys.exit(2)
     names = args.only.split(",") if args.only else list(SCENARIOS)
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="lossguard-zoo-"))
     rows = []

@@ -34,7 +34,9 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
         engine.feed_all(part)
     result = engine.finish()
     diagnosis = diagnose(result, inputs=[str(i.path) for i in inputs] + (["<stdin>"] if "-" in paths else []))
-    if result.stats.num_train == 0 and result.stats.num_eval == 0 and diagnosis.verdict == "healthy":
+    stats = result.stats
+    stepped = any(stats.events.get(name) for name in _TRAINING_EVENTS)
+    if stats.num_train == 0 and stats.num_eval == 0 and not stepped and diagnosis.verdict == "healthy":
         # Nothing was trained in what we read: "healthy" would be a silently wrong answer.
         where = ", ".join(paths)
         crash = _crash_line([i.path for i in inputs])
@@ -47,6 +49,10 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
             "logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
     return diagnosis
 
+
+# Events only a running optimizer step prints: a log holding only these (DeepSpeed's loss-scaler lines)
+# is a training log, not "nothing read".
+_TRAINING_EVENTS = ("overflow", "scale-at-minimum", "nonfinite-detected")
 
 _ERROR_LINE = re.compile(rb"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)(?::[^\n]*)?)$", re.M)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from lossguard.probe.job import Job
 from lossguard.probe.launch import build_command, free_port, job_env
 from lossguard.probe.scenarios import get as get_scenario
 
@@ -77,19 +76,11 @@ def run_arm(name: str, scenario: str, out_dir: Path, console: Console, *, ds_con
     events = out_dir / "events"
     cmd = build_command(scenario, out_dir, nproc=2, port=free_port(), steps=None, config_json=config_json,
                         guard_events=str(events), halt_on="broken")
-    start = time.monotonic()
     tail = _EventTail(events)
-    with open(out_dir / "stdout.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=job_env(None),
-                                start_new_session=True)
-        while proc.poll() is None and time.monotonic() - start < timeout_s:
-            tail.show(console)
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.kill()
-        returncode = proc.wait()
+    with Job(cmd, out_dir / "stdout.log", env=job_env(None)) as job:
+        returncode = job.wait(timeout_s, on_tick=lambda _elapsed_s: tail.show(console), tick_s=0.2)
     tail.show(console, final=True)
-    return ArmRun(name, out_dir, returncode, time.monotonic() - start, tail.halted_at, tail.findings)
+    return ArmRun(name, out_dir, returncode, job.elapsed_s, tail.halted_at, tail.findings)
 
 
 class _EventTail:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 from lossguard.detectors import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.signatures import SIGNATURES
+from lossguard.knowledge import ISSUES, KnownIssue, get_issue
 
 FORMATS = """\
 Formats `lossguard analyze` reads (auto-detected per file; per line inside text logs, mixed allowed):
   - HF Trainer stdout: {'loss': 0.0, 'grad_norm': nan, ...} (4.x numbers) and {'loss': '4.714', ...}
     (5.x quoted strings), inside tqdm progress lines, with multi-node host prefixes (duplicates dropped),
     eval dicts and the final train_runtime dict
-  - trainer_state.json (log_history, NaN literals); output directories with checkpoint-*
+  - trainer_state.json (log_history, NaN literals), under any file name and when cut mid-file (the
+    complete entries are read); output directories with checkpoint-*
   - DeepSpeed lines: OVERFLOW! ... Attempted loss scale, loss scale at minimum, step=N, skipped=M, lr=[...],
     the config dump (version, zero_config, bf16/fp16, communication_data_type, world size)
   - warnings: tokenization mismatch, lr before scheduler stepped, None of the inputs have requires_grad,
@@ -22,7 +25,16 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - LLaMA-Factory trainer_log.jsonl, ms-swift JSON lines, generic JSONL / CSV with a step column
   - Megatron `iteration N/ M | lm loss: ... | loss scale: ... | grad norm: ...` lines
   - mmengine `Epoch(train) [e][i/N] lr: ... loss: ... grad_norm: ...` lines
-  - lossguard's own live events directory (events-rank*.jsonl)"""
+  - lossguard's own live events directory (events-rank*.jsonl)
+  - any other line with a loss-like name next to a number (loss, Loss, lm loss, train/loss, train_loss,
+    closs, reduced_train_loss, act_loss, ...; grad_norm / gnorm / grad norm; lr / learning_rate / lr=[...];
+    eval_loss / val_loss / valid loss as evaluation; RL reward, reward_std, kl), in the shapes tools print:
+    k: v, k=v, k v, | k | v |, JSON and Python dicts (also with full-width punctuation), tqdm postfixes,
+    quoted values, tensor(2.3, device=...), nan / NaN / inf. The step comes from step / iter / global_step /
+    num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]) or a `step N`
+    line above a block of metric lines; a bare printed loss tensor counts as one step. Torchtune,
+    Lightning, NeMo, fairseq, DeepSpeed-Chat, nanoGPT, MLX and MetricLogger logs are read this way
+  - a log that holds only DeepSpeed loss-scaler overflow lines"""
 
 
 def topics() -> list[tuple[str, str]]:
@@ -32,6 +44,7 @@ def topics() -> list[tuple[str, str]]:
         rows.append((detector.code, f"{detector.name} -> {detector.signature or '-'}"))
     for rule in _lint_rules():
         rows.append((rule.code, rule.name))
+    rows += [(issue.id, issue.title) for issue in ISSUES.values()]
     rows.append(("formats", "log formats analyze reads"))
     return rows
 
@@ -42,6 +55,8 @@ def explain(topic: str) -> str | None:
         return _signature(key)
     if key.lower() == "formats":
         return FORMATS
+    if issue := get_issue(key):
+        return known_issue(issue)
     for factory in registered():
         detector = factory()
         if key.upper() == detector.code or key == detector.name:
@@ -61,14 +76,33 @@ def _signature(sig: str) -> str:
     reporters = [f"{d.code} ({d.name})" for d in detectors if d.signature == sig]
     if reporters:
         lines.append("reported by: " + ", ".join(reporters))
-    causes = sorted((c for c in CAUSES if sig in c["signatures"]), key=lambda c: -c["signatures"][sig])
+    causes = sorted((c for c in CAUSES if sig in c.priors), key=lambda c: -c.priors[sig])
     if causes:
-        lines.append("causes considered (prior before the run's facts are applied):")
+        lines.append("causes considered (prior before the run's facts; `lossguard explain ID` for one):")
         for cause in causes:
-            lines.append(f"  - {cause['id']} ({cause['signatures'][sig]:.2f}): {cause['title']}")
-            lines.append(f"      fix: {cause['fix']}")
-            if cause["evidence"]:
-                lines.append(f"      evidence: {' '.join(cause['evidence'])}")
+            lines.append(f"  - {cause.id} ({cause.priors[sig]:.2f}): {cause.issue.title}")
+            lines.append(f"      fix: {cause.issue.fix}")
+    return "\n".join(lines)
+
+
+def known_issue(issue: KnownIssue) -> str:
+    """One known issue as `lossguard explain ID` and docs/causes.md show it."""
+    lines = [f"{issue.id}: {issue.title}", "", f"mechanism: {issue.mechanism}"]
+    if issue.windows:
+        lines.append("affected versions: " + "; ".join(str(w) for w in issue.windows))
+    for label, text in (("needs", issue.config), ("looks like", issue.symptoms)):
+        if text:
+            lines.append(f"{label}: {text}")
+    lines += [f"how to confirm: {issue.confirm}", f"fix: {issue.fix}"]
+    rule = next((c for c in CAUSES if c.id == issue.id), None)
+    if rule is not None:
+        lines.append("ranked for: " + ", ".join(f"{sig} (prior {p:.2f})" for sig, p in rule.priors.items()))
+        lines += [f"  {'for' if c.supports else 'against'} (x{c.factor:g}): {c.describe()}" for c in rule.conditions]
+    rules = [r.code for r in _lint_rules() if issue.id in getattr(r, "issues", ())]
+    if rules:
+        lines.append("lint rules: " + ", ".join(rules))
+    if issue.sources:
+        lines += ["sources:", *(f"  {link}" for link in issue.sources)]
     return "\n".join(lines)
 
 
@@ -86,9 +120,22 @@ def _lint_rules() -> list:
 
 
 def _rule(rule) -> str:
-    lines = [f"{rule.code} {rule.name} ({rule.severity})", "", getattr(rule, "doc", "") or rule.summary]
-    for link in getattr(rule, "evidence", []) or []:
-        lines.append(f"evidence: {link}")
-    for title, example in (getattr(rule, "examples", None) or {}).items():
-        lines += ["", f"{title}:", str(example)]
+    lines = [f"{rule.code} {rule.name} ({rule.severity})", "", rule.doc() or rule.summary]
+    if rule.evidence:
+        lines += ["", "evidence:", *(f"  {link}" for link in rule.evidence)]
+    if rule.examples:
+        lines += ["", "examples (the rule's own tests):"]
+        lines += [_example(example) for example in rule.examples]
     return "\n".join(lines)
+
+
+def _example(example) -> str:
+    """One example as a line: flagged or not, the config, and what else it was linted with."""
+    verdict = "valid  " if example.valid else "flagged"
+    extra = [f"{k}={v}" for k, v in {"versions": example.env, "args": example.args, "options": example.options}.items()
+             if v]
+    if example.fixed is not None:
+        extra.append(f"--fix gives {json.dumps(example.fixed)}")
+    if example.note:
+        extra.append(example.note)
+    return f"  {verdict} {json.dumps(example.config)}" + (f"  ({'; '.join(extra)})" if extra else "")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.integration.live_helpers import above_info, run_job, signatures_at
+from tests.integration.live_helpers import above_info, run_job, runnable, scenario_params, signatures_at
 
 pytestmark = pytest.mark.integration
 
@@ -26,11 +26,11 @@ HEALTHY = ["z1-healthy", "z2-healthy-ga", "z3-healthy", "z2-healthy-lora", "z2-h
 def ds_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ds")
     names = [h.values[0] if hasattr(h, "values") else h for h in HEALTHY]
-    summaries, log = run_job("ds_job.py", out, [*FAULTS, *names])
+    summaries, log = run_job("ds_job.py", out, runnable([*FAULTS, *names]))
     return out, summaries
 
 
-@pytest.mark.parametrize("scenario", list(FAULTS))
+@pytest.mark.parametrize("scenario", scenario_params(list(FAULTS)))
 def test_fault_caught_and_halted_with_checkpoint(ds_runs, scenario):
     out, summaries = ds_runs
     signature, step = FAULTS[scenario]
@@ -49,7 +49,7 @@ def test_fault_caught_and_halted_with_checkpoint(ds_runs, scenario):
     assert state  # a loadable checkpoint
 
 
-@pytest.mark.parametrize("scenario", HEALTHY)
+@pytest.mark.parametrize("scenario", scenario_params(HEALTHY))
 def test_healthy_runs_report_nothing_above_info(ds_runs, scenario):
     summary = ds_runs[1][scenario]
     assert above_info(summary) == []

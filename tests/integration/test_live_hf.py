@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.integration.live_helpers import above_info, run_job, signatures_at
+from tests.integration.live_helpers import above_info, run_job, runnable, scenario_params, signatures_at
 
 pytestmark = pytest.mark.integration
 
@@ -26,11 +26,11 @@ HEALTHY = ["healthy-z1", "healthy-z3", "healthy-ga", "healthy-fp16", "healthy-lo
 @pytest.fixture(scope="module")
 def hf_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf")
-    summaries, log = run_job("hf_job.py", out, [*FAULTS, *HEALTHY, "internal-error"])
+    summaries, log = run_job("hf_job.py", out, runnable([*FAULTS, *HEALTHY, "internal-error"]))
     return out, summaries, log
 
 
-@pytest.mark.parametrize("scenario", list(FAULTS))
+@pytest.mark.parametrize("scenario", scenario_params(list(FAULTS)))
 def test_fault_caught_and_halted_with_checkpoint(hf_runs, scenario):
     out, summaries, _ = hf_runs
     signature, step = FAULTS[scenario]
@@ -48,7 +48,7 @@ def test_fault_caught_and_halted_with_checkpoint(hf_runs, scenario):
         GPT2LMHeadModel.from_pretrained(checkpoint)  # loadable
 
 
-@pytest.mark.parametrize("scenario", HEALTHY)
+@pytest.mark.parametrize("scenario", scenario_params(HEALTHY))
 def test_healthy_runs_report_nothing_above_info(hf_runs, scenario):
     summary = hf_runs[1][scenario]
     assert above_info(summary) == []

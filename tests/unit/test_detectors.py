@@ -44,8 +44,10 @@ def test_nan_filter_zero_after_normal_loss_with_sentinel_is_nonfinite_hidden():
 def test_zeros_alone_confirm_the_filter_after_three_logs():
     d = run(logs((2.3, None, 1e-5), (2.2, None, 1e-5), (0.0, None, 1e-5), (0.0, None, 1e-5), (0.0, None, 1e-5)))
     assert (d.signature, d.onset_step) == ("nonfinite-hidden", 3)
+    # Two zeros do not prove the filter artefact, but no loss falls from 2.2 to exactly 0 by learning: dead,
+    # reported as the bare zero-loss with what would tell the kind (never "healthy").
     d = run(logs((2.3, None, 1e-5), (2.2, None, 1e-5), (0.0, None, 1e-5), (0.0, None, 1e-5)))
-    assert d.verdict == "healthy"  # two zeros are not enough without corroboration
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "zero-loss", 3)
 
 
 def test_eval_nan_confirms_hidden_nan():

@@ -33,11 +33,21 @@ def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
     name = scenario or demos.DEFAULT
     if name not in demos.DEMOS:
         raise UserError(f"no demo scenario {name!r}; choose one of: {', '.join(demos.DEMOS)}")
+    from lossguard.probe.launch import job_env
+    from lossguard.probe.preflight import MissingPiece, check_job_stack
+
+    try:
+        check_job_stack("the demo", env=job_env(None))
+    except MissingPiece as exc:
+        raise UserError(str(exc)) from None
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="lossguard-demo-"))
     from lossguard.demo_flow import run_demo
+    from lossguard.probe.job import stop_jobs_on_signals
     from lossguard.sources.base import SourceError
 
     try:
-        sys.exit(run_demo(demos.DEMOS[name], out))
+        with stop_jobs_on_signals():  # a killed demo stops its ranks too, not just itself
+            code = run_demo(demos.DEMOS[name], out)
+        sys.exit(code)
     except SourceError as exc:  # a demo job that crashed before logging: say what the log says
         raise UserError(f"the demo run left nothing to diagnose: {exc}; its output is under {out}") from None

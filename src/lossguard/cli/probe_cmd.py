@@ -13,7 +13,7 @@ from lossguard.cli.errors import UserError
 @click.command("probe")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--arms", default="auto", show_default=True,
-              help="`auto` (your config + lint fixes + KNOWLEDGE defaults) or a JSON/YAML file: a list of "
+              help="`auto` (your config + lint fixes + known prevention defaults) or a JSON/YAML file: a list of "
                    "{name, changes: {dotted.key: value}} (null deletes a key).")
 @click.option("--cmd", default=None,
               help="Your launch command with {config} where the arm's DeepSpeed config goes (and optionally "
@@ -49,11 +49,13 @@ def probe(config: str, arms: str, cmd: str | None, steps: int | None, nproc: int
     from lossguard.probe.api import ProbeInputError
     from lossguard.probe.api import probe as run_probe
     from lossguard.probe.compare import ATOL, RTOL
+    from lossguard.probe.job import stop_jobs_on_signals
 
     try:
-        result = run_probe(config, arms=arms, cmd=cmd, steps=steps, nproc=nproc, workload=workload,
-                           report_dir=report_dir, parallel=parallel, timeout_s=timeout_s,
-                           atol=ATOL if atol is None else atol, rtol=RTOL if rtol is None else rtol)
+        with stop_jobs_on_signals():  # a killed `lossguard probe` stops its arms' ranks too
+            result = run_probe(config, arms=arms, cmd=cmd, steps=steps, nproc=nproc, workload=workload,
+                               report_dir=report_dir, parallel=parallel, timeout_s=timeout_s,
+                               atol=ATOL if atol is None else atol, rtol=RTOL if rtol is None else rtol)
     except ProbeInputError as exc:
         raise UserError(f"probe: {exc}") from None
     except FileNotFoundError as exc:

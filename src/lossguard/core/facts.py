@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from lossguard.core.dsconfig import DeepSpeedConfig, as_bool, dtype_name
+
+__all__ = ["RunFacts", "dtype_name", "facts_from_ds_config", "facts_from_versions"]
+
 
 @dataclass(slots=True)
 class RunFacts:
@@ -33,13 +37,16 @@ class RunFacts:
     num_nodes: int | None = None
     gradient_accumulation_steps: int | None = None
     gradient_checkpointing: bool | None = None
-    lora: bool | None = None
+    entry_point: str | None = None  # how the live guard was attached: guard, hf, deepspeed
     # Where each fact came from, for evidence lines: {"overlap_comm": "ds_config.json"}.
     origin: dict[str, str] = field(default_factory=dict)
 
     def set(self, name: str, value: Any, origin: str) -> None:
-        """Record a fact unless it is unknown (None); the first known value wins."""
-        if value is None or getattr(self, name) is not None:
+        """Record a fact unless it is unknown (None); the first known value wins, except that a value the
+        run states (the log's config dump) replaces a DeepSpeed default the user's config file implied."""
+        if value is None:
+            return
+        if getattr(self, name) is not None and not (_is_default(self.origin.get(name)) and not _is_default(origin)):
             return
         setattr(self, name, value)
         self.origin[name] = origin
@@ -57,54 +64,41 @@ class RunFacts:
         }
 
 
-def _as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return None
+DEFAULT_MARK = " (DeepSpeed default)"
 
 
-_DTYPE_NAMES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-}
-
-
-def dtype_name(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    return _DTYPE_NAMES.get(value.strip().lower())
+def _is_default(origin: str | None) -> bool:
+    return bool(origin) and origin.endswith(DEFAULT_MARK)
 
 
 def facts_from_ds_config(config: dict[str, Any], origin: str) -> RunFacts:
-    """Facts a DeepSpeed config states. "auto" values stay unknown (None)."""
+    """Facts a DeepSpeed config states, read by the one config reader (core/dsconfig.py) so that lint and
+    analyze agree. DeepSpeed's defaults count where the key is absent (origin marked "default"); "auto" and
+    an absent fp16 / bf16 section stay unknown: the HF Trainer decides those."""
+    ds = DeepSpeedConfig.of(config)
+    zero = ds.section("zero_optimization")
     facts = RunFacts()
-    zero = config.get("zero_optimization") or {}
-    if not isinstance(zero, dict):
-        zero = {}
-    stage = zero.get("stage")
-    facts.set("zero_stage", stage if isinstance(stage, int) else None, origin)
-    facts.set("overlap_comm", _as_bool(zero.get("overlap_comm")), origin)
-    facts.set("contiguous_gradients", _as_bool(zero.get("contiguous_gradients")), origin)
-    facts.set("use_multi_rank_bucket_allreduce", _as_bool(zero.get("use_multi_rank_bucket_allreduce")), origin)
-    facts.set("reduce_bucket_size", zero.get("reduce_bucket_size"), origin)
-    offload = zero.get("offload_optimizer")
-    if isinstance(offload, dict):
-        facts.set("offload_optimizer", offload.get("device") not in (None, "none"), origin)
-    facts.set("communication_data_type", dtype_name(config.get("communication_data_type")), origin)
-    bf16 = config.get("bf16") or config.get("bfloat16") or {}
-    fp16 = config.get("fp16") or {}
-    if isinstance(bf16, dict):
-        facts.set("bf16", _as_bool(bf16.get("enabled")), origin)
-        facts.set("check_grad_overflow", _as_bool(bf16.get("check_grad_overflow")), origin)
-    if isinstance(fp16, dict):
-        facts.set("fp16", _as_bool(fp16.get("enabled")), origin)
+
+    def put(name: str, value: Any, key: str | None = None) -> None:
+        written = key is None or key in zero
+        facts.set(name, value, origin if written else origin + DEFAULT_MARK)
+
+    put("zero_stage", ds.zero_stage, "stage")
+    put("overlap_comm", ds.overlap_comm, "overlap_comm")
+    put("contiguous_gradients", ds.zero_flag("contiguous_gradients", True), "contiguous_gradients")
+    put("use_multi_rank_bucket_allreduce", ds.zero_flag("use_multi_rank_bucket_allreduce", True),
+        "use_multi_rank_bucket_allreduce")
+    bucket = zero.get("reduce_bucket_size")  # a non-number ("auto") is kept as written, for the report
+    put("reduce_bucket_size", bucket if bucket is not None and ds.reduce_bucket_size is None else ds.reduce_bucket_size,
+        "reduce_bucket_size")
+    put("offload_optimizer", ds.offload_optimizer, "offload_optimizer")
+    put("communication_data_type", ds.communication_data_type)
+    for kind in ("bf16", "fp16"):
+        put(kind, as_bool(ds.precision_written(kind)))
+    put("check_grad_overflow", ds.check_grad_overflow)
     if "optimizer" in config:
-        facts.set("optimizer_in_config", True, origin)
-    ga = config.get("gradient_accumulation_steps")
-    facts.set("gradient_accumulation_steps", ga if isinstance(ga, int) else None, origin)
+        put("optimizer_in_config", True)
+    put("gradient_accumulation_steps", ds.gradient_accumulation_steps)
     return facts
 
 

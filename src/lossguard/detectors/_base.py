@@ -18,6 +18,17 @@ S = TypeVar("S")
 SENTINELS = tuple(math.sqrt(k) for k in range(1, 9))
 
 
+# Signals only reinforcement-learning trainers log (TRL GRPO/PPO/DPO, ms-swift GRPO). Their loss is a policy
+# objective, not a cross-entropy: GRPO's is beta * KL, which is legitimately 0.0 at the start. A zero loss in
+# such a log says nothing about masked labels or a hidden NaN.
+RL_SIGNALS = frozenset({"reward", "reward_std", "frac_reward_zero_std", "kl", "reward_margin", "reward_accuracy"})
+
+
+def is_rl(record) -> bool:
+    """The record comes from an RL trainer (it carries a reward or KL signal)."""
+    return not RL_SIGNALS.isdisjoint(record.signals)
+
+
 def is_nonfinite(value: float | None) -> bool:
     return value is not None and not math.isfinite(value)
 

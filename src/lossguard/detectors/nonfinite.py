@@ -3,18 +3,23 @@ DeepSpeed's grad-norm sentinels). KNOWLEDGE.md §0.1, §0.4, §0.6."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lossguard.core.calm import absent, finite, finite_nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, no_sentinel, sentinel_index
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, is_rl, no_sentinel, sentinel_index
 from lossguard.detectors.registry import register
 
 # Consecutive exact-zero logs after a normal loss that prove the filter artefact on their own.
 _ZERO_STREAK = 3
 # A finite loss at least this large before the zeros: a real decay to ~0 passes through small values.
 _NORMAL_LOSS = 0.05
+# Non-finite grad norms in a row that are no longer "maybe a skipped step".
+_PERSISTENT = 3
+# A loss this many times the previous one, next to a non-finite norm: the step blew up, it was not skipped.
+_JUMP = 10.0
 
 
 @register
@@ -23,8 +28,11 @@ class NonFiniteLoss(DetectorBase):
 
     A skipped step is not a death: fp16 loss scaling (and bf16 `check_grad_overflow`) drop the step
     and the weights stay finite, so those are left to SCALE001. A non-finite grad norm next to a
-    finite, non-zero loss is what a skipped step looks like in a log without OVERFLOW lines; it counts
-    only if the next log shows the weights died (loss 0.0 or NaN), with the onset at the first one."""
+    finite, non-zero loss may be such a skip in a log without OVERFLOW lines, but only while it is
+    isolated: it counts as a death when the next log shows the weights died (loss 0.0 or NaN), when
+    it persists while the LR schedule moves on (three logs in a row), or when the loss beside it
+    jumped by an order of magnitude. Logs whose learning rate did not move (still 0, or where it was)
+    are what skipping looks like, so only logs where the schedule went on count as persistent."""
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
     # Nothing non-finite and no zero loss (what would confirm a pending non-finite norm): nothing to judge.
@@ -37,7 +45,7 @@ class NonFiniteLoss(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
-        # rank -> [step, grad, grad seq]: a non-finite norm next to a finite loss, waiting for the next log
+        # rank -> [step, grad, grad seq, count]: non-finite norms next to a finite loss, waiting for the next log
         self._pending: dict[int | None, list] = {}
         self._may_skip = True  # unless the facts rule it out, an inf norm may be a skipped fp16 step
 
@@ -64,10 +72,7 @@ class NonFiniteLoss(DetectorBase):
         pending = self._pending.get(record.rank)
         if is_nonfinite(grad) and not skipped:
             if loss is not None and loss != 0.0 and self._may_skip:
-                # maybe an fp16 skip (a streak of them while the scale calibrates): wait for the next log
-                self._pending[record.rank] = [record.step, grad, grad_seq] if pending is None else \
-                    [pending[0], pending[1], grad_seq]
-                return []
+                return self._maybe_skipped(record, grad, loss, grad_seq, pending)
             return self._fire(record, f"gradient norm is {grad} at step {record.step}", "grad_norm", grad)
         if pending is not None and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
             return self._fire(record, f"gradient norm is {pending[1]} at step {pending[0]}, and the "
@@ -78,6 +83,26 @@ class NonFiniteLoss(DetectorBase):
             else:
                 del self._pending[record.rank]
         return []
+
+    def _maybe_skipped(self, record: Record, grad: float, loss: float, grad_seq: int,
+                       pending: list | None) -> list[Finding]:
+        """A non-finite norm next to a live loss: maybe an fp16 skip, unless it persists or the loss blew up."""
+        before = self.counts.previous(record.rank, "loss")
+        if before is not None and 0.0 < before < math.inf and not is_nonfinite(loss) and loss >= _JUMP * before:
+            return self._fire(record, f"the loss jumped from {before:g} to {loss:g} at step {record.step} with a "
+                                      f"gradient norm of {grad}: the step blew up", "grad_norm", grad)
+        if pending is None:
+            pending = self._pending[record.rank] = [record.step, grad, grad_seq, 0]
+        # A skipped step does not step the scheduler: a log whose LR is still 0 or where it was before is
+        # what skipping looks like (transformers 5 + DeepSpeed print no OVERFLOW line for it). Only logs where
+        # the schedule moved on count towards "persistent".
+        lr, lr_before = record.signals.get("lr"), self.counts.previous(record.rank, "lr")
+        moved = lr is None or (lr != 0.0 and lr != lr_before)
+        pending[2], pending[3] = grad_seq, pending[3] + moved
+        if pending[3] >= _PERSISTENT:
+            return self._fire(record, f"gradient norm is {pending[1]} in {pending[3]} logs in a row from step "
+                                      f"{pending[0]}: not an isolated skipped step", "grad_norm", pending[1])
+        return []  # maybe an fp16 skip (a streak of them while the scale calibrates): wait for the next log
 
     def _drop_stale(self, record: Record) -> None:
         """A grad norm came between the pending one and this record that the engine did not route: a
@@ -92,7 +117,8 @@ class NonFiniteLoss(DetectorBase):
     def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
         pending = self._pending.pop(record.rank, None)
         step = pending[0] if pending is not None else record.step
-        return self.emit(message, step, record.rank, signal=signal, value=str(value))
+        return self.emit(message, step, record.rank, signal=signal, value=str(value),
+                         on_eval=int(signal == "eval_loss"))
 
     def _skipped_here(self, record: Record) -> bool:
         # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.
@@ -107,6 +133,7 @@ class _ZeroState:
     zero_streak: int = 0
     corroborated: str | None = None
     seq: int = 0  # the loss log (SignalCounts.seq) this state is up to
+    lr_frozen: bool = False  # the first zero came with the LR of the log before: a skipped step
 
 
 @register
@@ -140,8 +167,8 @@ class HiddenNonFinite(DetectorBase):
         state = self._state[record.rank]
         self._catch_up(state, record.rank, self.counts.seq(record.rank, "loss") - 1)
         state.seq = self.counts.seq(record.rank, "loss")
-        if record.signals.get("raw_loss") is not None:
-            return []  # live records carry the raw loss: LOSS001 sees the NaN itself
+        if record.signals.get("raw_loss") is not None or is_rl(record):
+            return []  # live records carry the raw loss (LOSS001 sees the NaN); an RL loss may be 0.0
         if loss != 0.0:
             if is_nonfinite(loss):
                 return []
@@ -151,6 +178,8 @@ class HiddenNonFinite(DetectorBase):
             return []  # zero from the first log, or after a smooth decay: other detectors judge
         if state.zero_since is None:
             state.zero_since = record.step
+            lr = record.signals.get("lr")
+            state.lr_frozen = lr is not None and lr != 0.0 and lr == self.counts.previous(record.rank, "lr")
         state.zero_streak += 1
         grad = record.signals.get("grad_norm")
         if is_nonfinite(grad):
@@ -160,6 +189,22 @@ class HiddenNonFinite(DetectorBase):
                                                   "for non-finite gradients")
         if state.zero_streak >= _ZERO_STREAK:
             return self._fire(state, record.rank, f"{state.zero_streak} logs in a row are exactly 0.0")
+        return []
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        for rank, state in list(self._state.items()):
+            self._catch_up(state, rank, self.counts.seq(rank, "loss"))
+            if self.fired is None and state.zero_since is not None:
+                # Too few zeros to prove the filter artefact, but no loss falls from a normal value to
+                # exactly 0 in one log by learning: dead either way, which kind the log cannot tell.
+                return self.emit(
+                    f"loss went from {state.last_finite:g} to exactly 0.0 at step {state.zero_since} "
+                    f"({state.zero_streak} log(s) at 0.0): no loss falls to exactly 0 in one log by learning. "
+                    "Either the loss is NaN and the Trainer's filter prints 0.0, or every label is masked; "
+                    "log grad_norm and eval_loss (or set logging_nan_inf_filter=False) to tell which",
+                    state.zero_since, rank, severity=Severity.ERROR, signature="zero-loss",
+                    previous_loss=state.last_finite, lr_frozen=int(state.lr_frozen))
         return []
 
     def _catch_up(self, state: _ZeroState, rank: int | None, upto: int) -> None:
@@ -184,12 +229,14 @@ class _SentinelState:
     streak: int = 0
     since: int | None = None
     seq: int = 0
+    first_loss: float | None = None  # the loss logged with the first norm of the run
+    loss_moved: bool = False  # the loss changed during the run: the weights are alive
 
 
 @register
 class GradNormSentinel(DetectorBase):
     """GRAD001: grad_norm pinned at sqrt(k) (1.0, 1.4142135..., 1.7320508...): DeepSpeed's sentinel for
-    non-finite gradients in ZeRO-1/2 (-1 per param group, KNOWLEDGE.md §0.4)."""
+    non-finite gradients in ZeRO-1/2 (-1 per param group)."""
 
     wants = frozenset({"grad_norm"})
     calm = {"grad_norm": no_sentinel}
@@ -213,7 +260,10 @@ class GradNormSentinel(DetectorBase):
             state.value, state.streak, state.since = None, 0, None
         state.seq = seq
         k = self._track(state, record.step, grad)
-        if k is not None and self._pinned(state, record.signals.get("loss")):
+        loss = record.signals.get("loss")
+        if k is not None:
+            self._follow_loss(state, loss)
+        if k is not None and self._pinned(state, loss):
             return self.emit(
                 f"grad_norm is {grad} (sqrt({k})) from step {state.since}: DeepSpeed reports sqrt(number of "
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
@@ -232,5 +282,17 @@ class GradNormSentinel(DetectorBase):
             state.value, state.streak, state.since = grad, 1, step
         return k
 
+    @staticmethod
+    def _follow_loss(state: _SentinelState, loss: float | None) -> None:
+        if state.streak == 1:
+            state.first_loss, state.loss_moved = loss, False
+        elif loss is not None and state.first_loss is not None and loss != state.first_loss:
+            state.loss_moved = True
+
     def _pinned(self, state: _SentinelState, loss: float | None) -> bool:
-        return state.streak >= self._STREAK or (loss == 0.0 and state.streak >= 1) or is_nonfinite(loss)
+        """Pinned at a sentinel while the loss is dead (0.0 / NaN), or log after log with a loss that does not
+        move. A norm of exactly 1.0 beside a loss that keeps changing is one reported after clipping to
+        max_grad_norm=1.0: the weights are alive, so it is not the non-finite sentinel."""
+        if loss == 0.0 or is_nonfinite(loss):
+            return state.streak >= 1
+        return state.streak >= self._STREAK and not state.loss_moved

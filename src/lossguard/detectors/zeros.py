@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from lossguard.core.calm import nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
+from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite, is_rl, sentinel_index
 from lossguard.detectors.registry import register
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
@@ -27,7 +27,8 @@ class MaskedLabels(DetectorBase):
     both exactly 0 (transformers >= 4.46 sums the loss over zero tokens), or label-masking warnings
     (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens)."""
 
-    wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing", "image-token-mismatch"})
+    wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing",
+                       "image-token-mismatch", "overflow", "facts"})
     calm = {"num_label_tokens": nonzero, "loss": nonzero}  # a streak of zeros needs a zero loss
     code = "LABEL001"
     name = "labels.all-masked"
@@ -40,6 +41,10 @@ class MaskedLabels(DetectorBase):
         self._state = PerRank(_Zeros)
         self.num_warnings = 0
         self._first_warning_step: int | None = None
+        self._first_zero_loss: tuple | None = None  # (step, rank) of the first loss of exactly 0.0
+        # An fp16 run may skip a step, which also logs loss 0.0 (a NaN through the filter) and grad_norm 0.0:
+        # there one such log is not proof, two in a row are.
+        self._may_skip = False
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -47,6 +52,8 @@ class MaskedLabels(DetectorBase):
                 self.num_warnings += 1
                 if self._first_warning_step is None:
                     self._first_warning_step = record.step
+            elif record.event == "overflow" or (record.event == "facts" and record.data.get("fp16")):
+                self._may_skip = True
             return []
         if record.kind != TRAIN:
             return []
@@ -56,11 +63,16 @@ class MaskedLabels(DetectorBase):
                 f"rank {record.rank} had 0 supervised tokens (all labels are -100) at step {record.step}",
                 record.step, record.rank, evidence="num_label_tokens == 0")
         loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
-        if loss is None or grad is None:
+        if loss is None or is_rl(record):
+            return []  # an RL trainer's loss is a policy objective, legitimately 0.0 (GRAD006 judges it)
+        if loss == 0.0 and self._first_zero_loss is None and not (is_nonfinite(grad) or sentinel_index(grad)):
+            # a zero beside a NaN or sentinel norm is the NaN filter's, not a masked batch's
+            self._first_zero_loss = (record.step, record.rank)
+        if grad is None:
             return []
         streak = self._state[record.rank].both_zero
         seq = self.counts.seq(record.rank, "grad_norm")  # logs with a grad norm, the skipped calm ones too
-        if streak.update(loss == 0.0 and grad == 0.0, record.step, seq) >= _STREAK:
+        if streak.update(loss == 0.0 and grad == 0.0, record.step, seq) >= (_STREAK if self._may_skip else 1):
             why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
             return self.emit(
                 f"loss and grad_norm are both exactly 0 from step {streak.since}: no label is "
@@ -70,6 +82,12 @@ class MaskedLabels(DetectorBase):
 
     def finish(self) -> list[Finding]:
         super().finish()
+        if self.fired is None and self.num_warnings and self._first_zero_loss is not None:
+            step, rank = self._first_zero_loss
+            return self.emit(
+                f"{self.num_warnings} label-masking warnings (tokenization mismatch / response key / image "
+                f"tokens) and the loss is exactly 0.0 from step {step}: the preprocessing masked every label, "
+                "so there is nothing to learn", step, rank, warnings=self.num_warnings)
         if self.fired is None and self.num_warnings:
             return self.emit(
                 f"{self.num_warnings} label-masking warnings (tokenization mismatch / response key / image "
@@ -225,7 +243,7 @@ class ZeroLoss(DetectorBase):
 
     def observe(self, record: Record) -> list[Finding]:
         loss = record.signals.get("loss")
-        if record.kind != TRAIN or loss is None:
+        if record.kind != TRAIN or loss is None or is_rl(record):
             return []
         self._state[record.rank].loss_zero.update(loss == 0.0, record.step, self.counts.seq(record.rank, "loss"))
         return []
@@ -239,3 +257,61 @@ class ZeroLoss(DetectorBase):
                     "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "
                     "with logging_nan_inf_filter=False to tell which", state.loss_zero.since, rank)
         return []
+
+
+@register
+class ZeroLossAndLearningRate(DetectorBase):
+    """LR002: loss and learning rate both exactly 0 in the same log. No step has been applied (DeepSpeed and
+    HF AMP step the scheduler only on applied steps, so an LR still at 0 means every step so far was skipped,
+    or the schedule starts and stays at 0) and the loss is the NaN filter's 0.0 or a batch with nothing to
+    learn. One log proves it: a run that trains prints neither. Fix: look for OVERFLOW lines (fp16 overflow
+    on every step: use bf16), the `tried to get lr value before scheduler/optimizer started stepping`
+    warning, and the scheduler's warmup settings."""
+
+    wants = frozenset({"lr"})
+    calm = {"lr": nonzero, "loss": nonzero}
+    code = "LR002"
+    name = "lr.zero-with-zero-loss"
+    signature = "lr-zero"
+    severity = Severity.CRITICAL
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind != TRAIN or is_rl(record):  # an RL loss is 0.0 at the start, before the first step
+            return []
+        if record.signals.get("loss") == 0.0 and record.signals.get("lr") == 0.0:
+            return self.emit(f"loss and learning rate are both exactly 0 at step {record.step}: no optimizer step "
+                             "has been applied and the loss is not a real one", record.step, record.rank)
+        return []
+
+
+@register
+class RlZeroUpdate(DetectorBase):
+    """GRAD006: an RL trainer (GRPO/PPO: reward and KL in the log) reports a gradient norm of exactly 0: the
+    step changes nothing. When every group's rewards are equal (`reward_std` 0, `frac_reward_zero_std` 1),
+    every group-normalised advantage is 0 and so is the policy gradient (with beta 0 there is no KL term
+    either): fix the reward functions or sampling (more generations per prompt, a higher temperature,
+    rewards that tell completions apart). When the rewards do vary, the gradient was lost on its way to
+    the weights: frozen or untracked parameters, or an old DeepSpeed ZeRO version; upgrade DeepSpeed and
+    check which parameters require grad."""
+
+    wants = frozenset({"grad_norm"})
+    calm = {"grad_norm": nonzero}
+    code = "GRAD006"
+    name = "rl.zero-update"
+    signature = "no-grad-flow"
+    severity = Severity.ERROR
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind != TRAIN or record.signals.get("grad_norm") != 0.0 or not is_rl(record):
+            return []
+        std, zero_std = record.signals.get("reward_std"), record.signals.get("frac_reward_zero_std")
+        if std == 0.0 or zero_std == 1.0:
+            return self.emit(
+                f"grad_norm is exactly 0 at step {record.step} and every group's rewards are equal (reward_std "
+                f"{std:g}): every advantage is 0, so the policy gradient vanishes and the step changes nothing",
+                record.step, record.rank, degenerate_rewards=1)
+        detail = f" (reward_std {std:g})" if std is not None else ""
+        return self.emit(
+            f"grad_norm is exactly 0 at step {record.step} although the rewards vary{detail}: the policy "
+            "gradient never reaches the trainable weights (frozen parameters, or an engine bug such as an old "
+            "DeepSpeed ZeRO version)", record.step, record.rank, degenerate_rewards=0)

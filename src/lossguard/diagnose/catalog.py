@@ -1,298 +1,220 @@
-"""Root causes, held as data (built from KNOWLEDGE.md §2-§5).
+"""Root causes for the diagnosis: each is a known issue (lossguard.knowledge) plus how to rank it.
 
-Each cause names the signatures it explains with a prior, conditions that raise or lower it, the
-evidence links, the fix and the experiment that confirms it. A condition is
-`(key, op, value, factor, reason)`: `key` is a RunFacts field, `event:NAME` (count of that log
-event), `finding:CODE` (a detector fired), `CODE.key` (a number that finding carries, e.g.
-`LOSS007.eval_ratio`) or `onset_at_start`; `op` is one of
-`==`, `in`, `>=`, `<=`, `version_in` ([low, high) on a version string). The factor multiplies the score
-when the condition holds on a known value; unknown facts change nothing.
+A `CauseRule` names the signatures the issue explains with a prior, and typed conditions that raise the score
+(evidence for) or lower it (evidence against); the ranking multiplies. Version conditions read the issue's own
+windows, so lint, the ranking and `lossguard explain` cannot disagree about a release. Everything here is
+checked when the module loads: unknown facts, signatures or issue ids raise.
 """
 
 from __future__ import annotations
 
-DS = "https://github.com/deepspeedai/DeepSpeed"
-HF = "https://github.com/huggingface/transformers"
+from dataclasses import dataclass
 
-ZERO12 = ("zero_stage", "in", [1, 2], 2.0, "ZeRO stage {value} (the races are in ZeRO-1/2)")
-NOT_ZERO12 = ("zero_stage", "in", [0, 3], 0.1, "ZeRO stage {value} has no ZeRO-1/2 reduction race")
-OVERLAP_ON = ("overlap_comm", "==", True, 2.5, "overlap_comm is true")
-OVERLAP_OFF = ("overlap_comm", "==", False, 0.05, "overlap_comm is false")
-SINGLE_RANK = ("world_size", "==", 1, 0.05, "a single rank cannot race on reduction")
+from lossguard.diagnose.signatures import SIGNATURES
+from lossguard.knowledge import ISSUES, KnownIssue
+from lossguard.knowledge import deepspeed as ds
+from lossguard.knowledge import training as tr
+from lossguard.knowledge.conditions import (
+    Condition,
+    Event,
+    Fact,
+    Fired,
+    Measured,
+    NoneKnown,
+    OnsetAtStart,
+    inside,
+    outside,
+)
+from lossguard.knowledge.issue import VersionWindow
 
-CAUSES: list[dict] = [
-    {
-        "id": "zero12-overlap-race",
-        "title": "ZeRO-1/2 overlap_comm gradient-reduction race corrupts the averaged gradient (KNOWLEDGE B1)",
-        "signatures": {"nonfinite-hidden": 0.45, "nonfinite": 0.35, "zero-loss": 0.15},
-        "conditions": [
-            ZERO12, NOT_ZERO12, OVERLAP_ON, OVERLAP_OFF, SINGLE_RANK,
-            ("deepspeed_version", "version_in", ["0.8.0", "0.14.3"], 3.0,
-             "DeepSpeed {value} is in the B1 window 0.8.0-0.14.2 (fixed by PR #5606 in 0.14.3)"),
-            ("deepspeed_version", "version_in", ["0.19.3", None], 0.3,
-             "DeepSpeed {value} has the known overlap fixes (#5606, #7805, #7965, #8080)"),
-            ("communication_data_type", "==", "fp32", 1.5,
-             "communication_data_type fp32 widens the race window (B6)"),
-            ("num_nodes", ">=", 2, 1.5, "{value} nodes: slower communication widens the race window"),
-        ],
-        "evidence": [f"{DS}/issues/4298", f"{DS}/pull/5606", f"{DS}/issues/5545"],
-        "fix": 'set "zero_optimization": {"overlap_comm": false} (or upgrade DeepSpeed to >= 0.19.3)',
-        "confirm": "lossguard probe CONFIG: same seed with overlap_comm true vs false; only the overlap arm dies",
-    },
-    {
-        "id": "zero12-multi-rank-bucket",
-        "title": "use_multi_rank_bucket_allreduce path regression, DeepSpeed 0.12.4-0.14.x (KNOWLEDGE B2)",
-        "signatures": {"nonfinite-hidden": 0.2, "nonfinite": 0.15},
-        "conditions": [
-            ZERO12, NOT_ZERO12, SINGLE_RANK,
-            ("deepspeed_version", "version_in", ["0.12.4", "0.15.0"], 4.0,
-             "DeepSpeed {value} is in the 0.12.4-0.14.x window bisected in #5242"),
-            ("deepspeed_version", "version_in", [None, "0.12.4"], 0.1, "DeepSpeed {value} predates PR #4695"),
-            ("deepspeed_version", "version_in", ["0.15.0", None], 0.2, "DeepSpeed {value} is past the window"),
-            ("use_multi_rank_bucket_allreduce", "==", False, 0.1, "use_multi_rank_bucket_allreduce is false"),
-            ("use_multi_rank_bucket_allreduce", "==", True, 1.5, "use_multi_rank_bucket_allreduce is true"),
-        ],
-        "evidence": [f"{DS}/issues/5242", f"{DS}/issues/5347", f"{DS}/pull/4946"],
-        "fix": 'set "zero_optimization": {"use_multi_rank_bucket_allreduce": false, "overlap_comm": false}, '
-               "or upgrade DeepSpeed",
-        "confirm": "probe with use_multi_rank_bucket_allreduce false; DeepSpeed 0.12.3 is fine",
-    },
-    {
-        "id": "zero12-pingpong-index-reset",
-        "title": "IPG ping-pong buffer index reset, DeepSpeed 0.17.2-0.17.4 (KNOWLEDGE B3)",
-        "signatures": {"nonfinite-hidden": 0.05, "nonfinite": 0.05},
-        "conditions": [
-            ZERO12, NOT_ZERO12, OVERLAP_OFF, SINGLE_RANK,
-            ("deepspeed_version", "version_in", ["0.17.2", "0.17.5"], 30.0,
-             "DeepSpeed {value} resets the IPG buffer index (PR #6993, fixed by #7371 in 0.17.5)"),
-            ("deepspeed_version", "version_in", [None, "0.17.2"], 0.01, "DeepSpeed {value} predates PR #6993"),
-            ("deepspeed_version", "version_in", ["0.17.5", None], 0.01, "DeepSpeed {value} has the fix"),
-        ],
-        "evidence": [f"{DS}/pull/7371", f"{DS}/pull/7805", f"{DS}/issues/7804"],
-        "fix": "upgrade DeepSpeed to >= 0.18.5 (or 0.17.5), or set overlap_comm false",
-        "confirm": "probe overlap_comm true vs false; ZeRO-3 survives",
-    },
-    {
-        "id": "zero12-buffer-lifetime",
-        "title": "reduction-stream buffer recycled before the all-reduce finished, DeepSpeed < 0.19.0 (KNOWLEDGE B4)",
-        "signatures": {"nonfinite-hidden": 0.1, "nonfinite": 0.1},
-        "conditions": [
-            ZERO12, NOT_ZERO12, OVERLAP_ON, OVERLAP_OFF, SINGLE_RANK,
-            ("deepspeed_version", "version_in", ["0.14.3", "0.19.0"], 2.5,
-             "DeepSpeed {value} lacks the record_stream fix of PR #7965 (0.19.0)"),
-            ("deepspeed_version", "version_in", ["0.19.0", None], 0.05, "DeepSpeed {value} has PR #7965"),
-            ("num_nodes", ">=", 2, 2.0, "{value} nodes"),
-        ],
-        "evidence": [f"{DS}/pull/7965", "https://github.com/hiyouga/LlamaFactory/issues/8137"],
-        "fix": 'upgrade DeepSpeed to >= 0.19.0, or set "overlap_comm": false',
-        "confirm": "probe overlap_comm true vs false",
-    },
-    {
-        "id": "bf16-no-overflow-check",
-        "title": "bf16 ZeRO applies a non-finite gradient: no overflow check, so one bad step kills the weights "
-                 "(KNOWLEDGE 0.6)",
-        "signatures": {"nonfinite-hidden": 0.35, "nonfinite": 0.3},
-        "conditions": [
-            ("bf16", "==", True, 2.0, "bf16 is on"),
-            ("fp16", "==", True, 0.05, "fp16 runs skip overflowing steps"),
-            ("check_grad_overflow", "==", False, 3.0, "bf16.check_grad_overflow is false"),
-            ("check_grad_overflow", "==", True, 0.15, "bf16.check_grad_overflow is true"),
-            ("deepspeed_version", "version_in", ["0.11.2", "0.19.3"], 1.5,
-             "DeepSpeed {value}: bf16 ZeRO skips no step by default (PR #4512; default flipped in 0.19.3)"),
-            ("zero_stage", "==", 3, 1.5, "ZeRO-3 has no bf16 overflow check at all"),
-        ],
-        "evidence": [f"{DS}/pull/4512", f"{DS}/pull/6976", f"{DS}/pull/8035"],
-        "fix": 'set "bf16": {"enabled": true, "check_grad_overflow": true} (DeepSpeed >= 0.17.1, ZeRO-1/2), '
-               "then find what produced the first non-finite gradient",
-        "confirm": "probe with check_grad_overflow true: the run survives, skipped_steps counts the bad step",
-    },
-    {
-        "id": "fp16-activation-overflow",
-        "title": "fp16 activations exceed 65504 (a bf16-pretrained model trained in fp16): every step overflows "
-                 "(KNOWLEDGE C1)",
-        "signatures": {"fp16-overflow": 0.8, "nonfinite-hidden": 0.05, "lr-zero": 0.3},
-        "conditions": [
-            ("fp16", "==", True, 2.0, "fp16 is on"),
-            ("bf16", "==", True, 0.1, "the run is bf16"),
-            ("event:overflow", ">=", 1, 2.0, "{value} DeepSpeed OVERFLOW lines"),
-            ("event:scale-at-minimum", ">=", 1, 2.0, "the loss scale hit its minimum"),
-        ],
-        "evidence": ["https://github.com/zai-org/GLM-4/issues/96", "https://github.com/QwenLM/Qwen-VL/issues/352",
-                     "https://github.com/hiyouga/LlamaFactory/issues/4202"],
-        "fix": "train in bf16 on a bf16-capable GPU (or fp32); never fp16 for Qwen/GLM/Gemma-class models",
-        "confirm": "probe fp16 vs bf16 (or fp32): only the fp16 arm skips steps; or run one step with "
-                   'debug="underflow_overflow"',
-    },
-    {
-        "id": "attention-kernel-nan",
-        "title": "attention kernel produces NaN gradients (cuDNN SDPA in torch 2.5.0 / >= 2.9 on H100) (KNOWLEDGE C2)",
-        "signatures": {"nonfinite-hidden": 0.1, "nonfinite": 0.12},
-        "conditions": [
-            ("torch_version", "version_in", ["2.5.0", "2.5.1"], 5.0, "torch {value} defaults to cuDNN SDPA on H100"),
-            ("torch_version", "version_in", ["2.9.0", None], 1.3, "torch {value} re-enabled cuDNN SDPA on SM90/100"),
-            ("event:cudnn-sdpa", ">=", 1, 6.0, "cuDNN SDPA backward warning in the log"),
-            ("onset_at_start", "==", True, 2.0, "NaN from the first logged step"),
-        ],
-        "evidence": ["https://github.com/pytorch/pytorch/issues/138649",
-                     "https://github.com/pytorch/pytorch/issues/139298",
-                     "https://github.com/hiyouga/LlamaFactory/issues/9631"],
-        "fix": "torch.backends.cuda.enable_cudnn_sdp(False), or switch attn_implementation (sdpa <-> eager / "
-               "flash_attention_2); avoid torch 2.5.0",
-        "confirm": "rerun a few steps with cuDNN SDPA disabled",
-    },
-    {
-        "id": "lr-too-high",
-        "title": "learning rate too high or a bad batch: the loss or gradient spikes, then diverges (KNOWLEDGE C3)",
-        "signatures": {"divergence": 0.7, "loss-spike": 0.6, "nonfinite": 0.15, "nonfinite-hidden": 0.1},
-        "conditions": [
-            ("finding:LOSS006", "==", True, 2.0, "a loss spike came before"),
-            ("finding:LOSS005", "==", True, 2.0, "the loss diverged"),
-            ("onset_at_start", "==", True, 0.5, "trouble from the very first step"),
-        ],
-        "evidence": ["https://github.com/hiyouga/LLaMA-Factory/issues/1989", "https://github.com/QwenLM/Qwen/issues/967"],
-        "fix": "lower the learning rate, add warmup, clip gradients (max_grad_norm 1.0); for bf16 ZeRO also "
-               'set "check_grad_overflow": true',
-        "confirm": "probe the same seed at half the learning rate",
-    },
-    {
-        "id": "masked-batch-nan",
-        "title": "a fully masked batch under mean-reduced cross-entropy returns NaN and poisons the weights "
-                 "(KNOWLEDGE C4)",
-        "signatures": {"nonfinite-hidden": 0.1, "nonfinite": 0.1},
-        "conditions": [
-            ("event:tokenization-mismatch", ">=", 1, 4.0, "{value} tokenization-mismatch warnings"),
-            ("event:response-key-missing", ">=", 1, 4.0, "{value} 'Could not find response key' warnings"),
-            ("onset_at_start", "==", True, 1.5, "NaN from the first logged step"),
-        ],
-        "evidence": ["https://github.com/QwenLM/Qwen3-VL/issues/1981"],
-        "fix": "drop samples with zero supervised tokens in preprocessing, or use a sum / num_items loss",
-        "confirm": "log (labels[..., 1:] != -100).sum() per micro-batch (the live guard does)",
-    },
-    {
-        "id": "template-mismatch",
-        "title": "conversation template / tokenizer mismatch masks every target (KNOWLEDGE D1)",
-        "signatures": {"masked-labels": 0.55, "zero-loss": 0.35},
-        "conditions": [
-            ("event:tokenization-mismatch", ">=", 1, 5.0, "{value} 'tokenization mismatch' warnings"),
-        ],
-        "evidence": ["https://github.com/haotian-liu/LLaVA/issues/1166", "https://github.com/lm-sys/FastChat/issues/2494",
-                     "https://github.com/OpenGVLab/InternVL/issues/254"],
-        "fix": "use the conversation template the model was trained with (--version / conv_style / chat_template); "
-               "decode one batch where labels != -100 and check it is the assistant turn",
-        "confirm": "count supervised tokens per batch; decode the supervised span",
-    },
-    {
-        "id": "truncation-cuts-answers",
-        "title": "max length too small: truncation removes every answer token (KNOWLEDGE D2)",
-        "signatures": {"masked-labels": 0.35, "zero-loss": 0.25},
-        "conditions": [
-            ("event:response-key-missing", ">=", 1, 5.0, "{value} 'Could not find response key' warnings"),
-        ],
-        "evidence": ["https://github.com/InternLM/InternLM-XComposer/issues/419"],
-        "fix": "raise model_max_length / cutoff_len, truncate prompts from the left, drop over-long samples",
-        "confirm": "histogram of tokenized lengths vs max_length; supervised tokens per batch",
-    },
-    {
-        "id": "image-token-mismatch",
-        "title": "VLM image-token count mismatch: the model multiplies the loss by 0 (KNOWLEDGE D3)",
-        "signatures": {"masked-labels": 0.05, "zero-loss": 0.05},
-        "conditions": [("event:image-token-mismatch", ">=", 1, 40.0, "{value} image-token mismatch warnings")],
-        "evidence": ["https://github.com/OpenGVLab/InternVL/issues/254"],
-        "fix": "keep image tokens from being truncated; check max_dynamic_patch / force_image_size",
-        "confirm": "count <IMG_CONTEXT> tokens vs ViT embeddings per sample",
-    },
-    {
-        "id": "lora-reentrant-checkpointing",
-        "title": "LoRA + reentrant gradient checkpointing with frozen inputs: no gradient reaches the adapters "
-                 "(KNOWLEDGE E1)",
-        "signatures": {"no-grad-flow": 0.55, "not-learning": 0.3},
-        "conditions": [
-            ("event:no-input-grad", ">=", 1, 3.0, "PyTorch warned 'None of the inputs have requires_grad=True'"),
-            ("event:reentrant-checkpoint", ">=", 1, 1.5, "reentrant checkpointing warning"),
-            ("lora", "==", True, 2.0, "LoRA adapters"),
-            ("gradient_checkpointing", "==", True, 2.0, "gradient checkpointing on"),
-        ],
-        "evidence": ["https://github.com/microsoft/LoRA/issues/120", "https://github.com/huggingface/trl/issues/2486"],
-        "fix": 'gradient_checkpointing_kwargs={"use_reentrant": False}, or model.enable_input_require_grads()',
-        "confirm": "after one step, count LoRA B weights with non-zero norm (0 means no gradient)",
-    },
-    {
-        "id": "trainable-not-optimized",
-        "title": "trainable set != optimised set: frozen by a flag mistake, or a module created after the "
-                 "optimizer (KNOWLEDGE E2)",
-        "signatures": {"no-grad-flow": 0.45, "not-learning": 0.35},
-        "conditions": [
-            ("event:trainable-params", ">=", 1, 1.0, ""),
-            ("event:trainable-not-in-optimizer", ">=", 1, 10.0, "parameters outside the optimizer"),
-        ],
-        "evidence": ["https://github.com/hiyouga/LLaMA-Factory/issues/2546"],
-        "fix": "create / unfreeze modules before building the optimizer (deepspeed.initialize); check tune_* "
-               "and freeze_* flags; compare trainable names with optimizer param ids",
-        "confirm": "diff {n for n, p in model.named_parameters() if p.requires_grad} against the optimizer params",
-    },
-    {
-        "id": "scheduler-not-stepping",
-        "title": "the LR scheduler never leaves 0: warmup longer than the run, or DeepSpeed skips every step",
-        "signatures": {"lr-zero": 0.6},
-        "conditions": [("event:lr-before-step", ">=", 1, 2.0, "the Trainer warned the scheduler has not stepped"),
-                       ("event:overflow", ">=", 1, 0.3, "")],
-        "evidence": [f"{HF}/pull/36973"],
-        "fix": "check warmup_steps / warmup_ratio against max_steps; check for skipped steps",
-        "confirm": "print lr_scheduler.get_last_lr() for the first steps",
-    },
-    {
-        "id": "lr-too-small",
-        "title": "the learning rate never gets large enough to move the weights: warmup longer than the run, "
-                 "or a learning rate orders of magnitude too small",
-        "signatures": {"not-learning": 0.4, "lr-zero": 0.2},
-        "conditions": [("event:lr-before-step", ">=", 1, 0.5, "")],
-        "evidence": [f"{HF}/pull/36973"],
-        "fix": "check warmup_steps / warmup_ratio against max_steps and the peak learning rate "
-               "(`lossguard lint` rule DSC114 checks warmup against the run length)",
-        "confirm": "plot the logged learning rate: it should reach its peak well before the end",
-    },
-    {
-        "id": "weights-not-updating",
-        "title": "the optimizer is not changing the weights (LR 0, all parameters frozen, or steps skipped)",
-        "signatures": {"not-learning": 0.35, "zero-loss": 0.05},
-        "conditions": [("finding:LR001", "==", True, 3.0, "the learning rate is 0")],
-        "evidence": [],
-        "fix": "check the learning rate, requires_grad on the parameters you mean to train, and skipped steps",
-        "confirm": "compare a weight tensor before and after one step",
-    },
-    {
-        "id": "label-leakage",
-        "title": "label leakage through the attention mask (defeated causal mask, packing): loss collapses (KNOWLEDGE F)",
-        "signatures": {"memorization": 0.25},
-        "conditions": [("transformers_version", "version_in", ["4.42.1", "4.42.4"], 4.0,
-                        "transformers {value}: Gemma-2 4-D mask bug (#31673)"),
-                       ("LOSS007.eval_ratio", "<=", 0.5, 12.0,
-                        "eval_loss fell too ({value:.2f} of the initial loss): held-out data is predicted as "
-                        "well as training data, so the answers are visible"),
-                       ("LOSS007.eval_ratio", ">=", 1.0, 0.2, "")],
-        "evidence": [f"{HF}/issues/31673", "https://github.com/karpathy/minGPT/issues/75"],
-        "fix": "verify causality: perturbing token t+1 must not change logits at position t",
-        "confirm": "causality probe on one batch",
-    },
-    {
-        "id": "benign-memorization",
-        "title": "benign memorisation of a small dataset: the loss is truly tiny (KNOWLEDGE 0.2, F4)",
-        "signatures": {"memorization": 0.75},
-        "conditions": [("LOSS007.eval_ratio", ">=", 1.0, 3.0,
-                        "eval_loss ({value:.2f} of the initial loss) rose while the training loss vanished: "
-                        "overfitting a small dataset")],
-        "evidence": [],
-        "fix": "nothing is broken; check eval_loss for overfitting, use more data or fewer epochs",
-        "confirm": "eval_loss finite; grad_norm finite and varying",
-    },
-    {
-        "id": "replica-divergence",
-        "title": "data-parallel replicas drifted apart: a rank-local update or corrupted all-reduce (KNOWLEDGE C5)",
-        "signatures": {"rank-desync": 1.0},
-        "conditions": [],
-        "evidence": ["https://github.com/NVIDIA/nccl/issues/1199"],
-        "fix": "look for rank-local code paths (if rank == ...) touching weights; rerun with NCCL_PROTO=Simple, "
-               "NCCL_NVLS_ENABLE=0; run nccl-tests all_reduce_perf -c 1",
-        "confirm": "compare weight checksums across ranks at the onset step",
-    },
-]
+
+@dataclass(frozen=True, slots=True)
+class CauseRule:
+    issue: KnownIssue
+    priors: dict[str, float]  # signature id -> prior before the run's facts
+    conditions: tuple[Condition, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.priors) - set(SIGNATURES)
+        if unknown or self.issue.id not in ISSUES:
+            raise ValueError(f"cause {self.issue.id}: unknown signature(s) {unknown} or issue id")
+
+    @property
+    def id(self) -> str:
+        return self.issue.id
+
+
+def fact(name: str, op: str, value, factor: float, reason: str = "") -> Condition:
+    return Condition(Fact(name), op, value, factor, reason)
+
+
+def event(name: str, factor: float, reason: str = "") -> Condition:
+    return Condition(Event(name), ">=", 1, factor, reason)
+
+
+def fired(code: str, factor: float, reason: str) -> Condition:
+    return Condition(Fired(code), "==", True, factor, reason)
+
+
+def onset_at_start(factor: float, reason: str) -> Condition:
+    return Condition(OnsetAtStart(), "==", True, factor, reason)
+
+
+def window_conditions(issue: KnownIssue, factor: float, why: str, against: float = 0.05) -> tuple[Condition, ...]:
+    """For and against from the issue's own DeepSpeed window: inside raises, outside lowers."""
+    window = issue.window("deepspeed")
+    return (inside(window, factor, f"DeepSpeed {{value}} is in the affected range ({window}): {why}"),
+            outside(window, against, f"DeepSpeed {{value}} is outside the affected range ({window})"))
+
+
+ZERO12 = fact("zero_stage", "in", [1, 2], 2.0, "ZeRO stage {value} (the races are in ZeRO-1/2)")
+NOT_ZERO12 = fact("zero_stage", "in", [0, 3], 0.1, "ZeRO stage {value} has no ZeRO-1/2 reduction race")
+OVERLAP_ON = fact("overlap_comm", "==", True, 2.5, "overlap_comm is true")
+OVERLAP_OFF = fact("overlap_comm", "==", False, 0.05, "overlap_comm is false: the reduction is serialised")
+SINGLE_RANK = fact("world_size", "==", 1, 0.05, "a single rank cannot race on reduction")
+# A log with no DeepSpeed config dump and no --config / --env says nothing for a ZeRO-1/2 race: such a cause
+# keeps a small share (it may still be the one), but the causes the log itself shows come first.
+NO_DEEPSPEED_FACTS = Condition(NoneKnown(("deepspeed_version", "zero_stage", "overlap_comm")), "==", True, 0.1,
+                               "nothing in the log shows DeepSpeed ZeRO-1/2 (no version, stage or overlap_comm; "
+                               "pass --config / --env to judge it)")
+ZERO12_RACE = (ZERO12, NOT_ZERO12, SINGLE_RANK, NO_DEEPSPEED_FACTS)
+CUDA_ONLY = fact("torch_version", "endswith", "+cpu", 0.05, "torch {value} is a CPU build: no cuDNN kernels")
+
+CAUSES: tuple[CauseRule, ...] = (
+    CauseRule(ds.OVERLAP_RACE, {"nonfinite-hidden": 0.45, "nonfinite": 0.35, "zero-loss": 0.15}, (
+        *ZERO12_RACE, OVERLAP_ON, OVERLAP_OFF,
+        *window_conditions(ds.OVERLAP_RACE, 3.0, "the IPG double-buffer race (fixed by PR #5606)", against=0.3),
+        fact("communication_data_type", "==", "fp32", 1.5, "communication_data_type fp32 widens the race window"),
+        fact("num_nodes", ">=", 2, 1.5, "{value} nodes: slower communication widens the race window"),
+    )),
+    CauseRule(ds.MULTI_RANK_BUCKET, {"nonfinite-hidden": 0.2, "nonfinite": 0.15}, (
+        *ZERO12_RACE, OVERLAP_OFF,
+        *window_conditions(ds.MULTI_RANK_BUCKET, 4.0, "the multi-rank bucket path bisected in #5242", against=0.1),
+        fact("use_multi_rank_bucket_allreduce", "==", False, 0.1, "use_multi_rank_bucket_allreduce is false"),
+        fact("use_multi_rank_bucket_allreduce", "==", True, 1.5, "use_multi_rank_bucket_allreduce is true"),
+    )),
+    CauseRule(ds.PINGPONG_RESET, {"nonfinite-hidden": 0.05, "nonfinite": 0.05}, (
+        *ZERO12_RACE, OVERLAP_OFF,
+        *window_conditions(ds.PINGPONG_RESET, 30.0, "the IPG buffer index reset of PR #6993", against=0.01),
+    )),
+    CauseRule(ds.BUFFER_LIFETIME, {"nonfinite-hidden": 0.1, "nonfinite": 0.1}, (
+        *ZERO12_RACE, OVERLAP_ON, OVERLAP_OFF,
+        *window_conditions(ds.BUFFER_LIFETIME, 2.5, "no record_stream fix (PR #7965)"),
+        fact("num_nodes", ">=", 2, 2.0, "{value} nodes"),
+    )),
+    CauseRule(ds.BF16_NO_OVERFLOW_CHECK, {"nonfinite-hidden": 0.35, "nonfinite": 0.3}, (
+        Condition(NoneKnown(("deepspeed_version", "zero_stage", "bf16")), "==", True, 0.1,
+                  "nothing in the log shows a DeepSpeed bf16 ZeRO run (pass --config / --env to judge it)"),
+        fact("bf16", "==", True, 2.0, "bf16 is on"),
+        fact("fp16", "==", True, 0.05, "fp16 runs skip overflowing steps"),
+        fact("check_grad_overflow", "==", False, 3.0, "bf16.check_grad_overflow is false"),
+        fact("check_grad_overflow", "==", True, 0.15, "bf16.check_grad_overflow is true"),
+        inside(ds.BF16_NO_OVERFLOW_CHECK.window("deepspeed"), 1.5,
+               "DeepSpeed {value}: bf16 ZeRO skips no step by default (PR #4512; default flipped in 0.19.3)"),
+        fact("zero_stage", "==", 3, 1.5, "ZeRO-3 has no bf16 overflow check at all"),
+    )),
+    CauseRule(tr.FP16_ACTIVATION_OVERFLOW, {"fp16-overflow": 0.8, "nonfinite-hidden": 0.05, "lr-zero": 0.3}, (
+        fact("fp16", "==", True, 2.0, "fp16 is on"),
+        fact("bf16", "==", True, 0.1, "the run is bf16"),
+        event("overflow", 2.0, "{value} DeepSpeed OVERFLOW lines"),
+        event("scale-at-minimum", 2.0, "the loss scale hit its minimum"),
+        fired("LR002", 4.0, "loss and learning rate both exactly 0: no step was ever applied and the loss is a "
+                            "filtered NaN, what an overflow on every fp16 step looks like"),
+    )),
+    CauseRule(tr.ATTENTION_KERNEL_NAN, {"nonfinite-hidden": 0.1, "nonfinite": 0.12}, (
+        inside(VersionWindow("torch", "2.5.0", "2.5.1"), 5.0, "torch {value} defaults to cuDNN SDPA on H100"),
+        inside(VersionWindow("torch", "2.9.0"), 1.3, "torch {value} re-enabled cuDNN SDPA on SM90/100"),
+        CUDA_ONLY,
+        Condition(NoneKnown(("torch_version",)), "==", True, 0.3,
+                  "the torch version is unknown (the kernel bugs are in torch 2.5.0 and >= 2.9 on H100/H200)"),
+        event("cudnn-sdpa", 6.0, "cuDNN SDPA backward warning in the log"),
+        onset_at_start(2.0, "NaN from the first logged step"),
+    )),
+    CauseRule(tr.LR_TOO_HIGH, {"divergence": 0.7, "loss-spike": 0.6, "nonfinite": 0.15, "nonfinite-hidden": 0.1}, (
+        fired("LOSS006", 2.0, "a loss spike came before"),
+        fired("LOSS005", 2.0, "the loss diverged"),
+        onset_at_start(0.5, "trouble from the very first step, before any large update"),
+    )),
+    CauseRule(tr.MASKED_BATCH_NAN, {"nonfinite-hidden": 0.1, "nonfinite": 0.1}, (
+        event("tokenization-mismatch", 4.0, "{value} tokenization-mismatch warnings"),
+        event("response-key-missing", 4.0, "{value} 'Could not find response key' warnings"),
+        onset_at_start(1.5, "NaN from the first logged step"),
+    )),
+    CauseRule(tr.TEMPLATE_MISMATCH, {"masked-labels": 0.55, "zero-loss": 0.35}, (
+        fired("LOSS002", 0.3, "the loss was normal before it fell to 0.0: masking in preprocessing shows from "
+                              "the first step"),
+        onset_at_start(4.0, "the loss is 0.0 from the first steps on, as when every sample's labels are masked"),
+        event("tokenization-mismatch", 5.0, "{value} 'tokenization mismatch' warnings"),
+    )),
+    CauseRule(tr.TRUNCATION_CUTS_ANSWERS, {"masked-labels": 0.35, "zero-loss": 0.25}, (
+        fired("LOSS002", 0.3, "the loss was normal before it fell to 0.0: masking in preprocessing shows from "
+                              "the first step"),
+        event("response-key-missing", 5.0, "{value} 'Could not find response key' warnings"),
+    )),
+    CauseRule(tr.IMAGE_TOKEN_MISMATCH, {"masked-labels": 0.05, "zero-loss": 0.05}, (
+        event("image-token-mismatch", 40.0, "{value} image-token mismatch warnings"),
+    )),
+    CauseRule(tr.LORA_REENTRANT, {"no-grad-flow": 0.55, "not-learning": 0.3}, (
+        event("no-input-grad", 3.0, "PyTorch warned 'None of the inputs have requires_grad=True'"),
+        event("reentrant-checkpoint", 1.5, "reentrant checkpointing warning"),
+        fact("gradient_checkpointing", "==", True, 2.0, "gradient checkpointing on"),
+        fact("gradient_checkpointing", "==", False, 0.1, "gradient checkpointing is off"),
+    )),
+    CauseRule(tr.TRAINABLE_NOT_OPTIMIZED, {"no-grad-flow": 0.45, "not-learning": 0.35}, (
+        event("trainable-not-in-optimizer", 10.0, "parameters outside the optimizer"),
+    )),
+    CauseRule(tr.SCHEDULER_NOT_STEPPING, {"lr-zero": 0.6}, (
+        event("lr-before-step", 2.0, "the Trainer warned the scheduler has not stepped"),
+        fired("LR002", 0.5, "the loss is 0.0 too: a warmup that has not started leaves a real loss"),
+        event("overflow", 0.3),
+    )),
+    CauseRule(tr.LR_TOO_SMALL, {"not-learning": 0.4, "lr-zero": 0.2}, (event("lr-before-step", 0.5),)),
+    CauseRule(tr.WEIGHTS_NOT_UPDATING, {"not-learning": 0.35, "zero-loss": 0.05}, (
+        fired("LR001", 3.0, "the learning rate is 0"),
+    )),
+    CauseRule(tr.LABEL_LEAKAGE, {"memorization": 0.25}, (
+        inside(tr.LABEL_LEAKAGE.window("transformers"), 4.0, "transformers {value}: Gemma-2 4-D mask bug (#31673)"),
+        Condition(Measured("LOSS007", "eval_ratio"), "<=", 0.5, 12.0,
+                  "eval_loss fell too ({value:.2f} of the initial loss): held-out data is predicted as well as "
+                  "training data, so the answers are visible"),
+        Condition(Measured("LOSS007", "eval_ratio"), ">=", 1.0, 0.2,
+                  "eval_loss rose ({value:.2f} of the initial loss): the answers are not visible"),
+    )),
+    CauseRule(tr.BENIGN_MEMORIZATION, {"memorization": 0.75}, (
+        Condition(Measured("LOSS007", "eval_ratio"), ">=", 1.0, 3.0,
+                  "eval_loss ({value:.2f} of the initial loss) rose while the training loss vanished: "
+                  "overfitting a small dataset"),
+    )),
+    CauseRule(tr.REPLICA_DIVERGENCE, {"rank-desync": 1.0}),
+    CauseRule(tr.NUMERICAL_INSTABILITY, {"nonfinite": 0.3, "nonfinite-hidden": 0.2, "divergence": 0.3,
+                                          "zero-loss": 0.1}, (
+        fact("fp16", "==", True, 2.0, "fp16 is on: activations above 65504 overflow"),
+        fired("LOSS002", 4.0, "the loss fell from a normal value to exactly 0.0 in one log: the Trainer's NaN "
+                              "filter prints a NaN loss as 0.0"),
+        Condition(Measured("LOSS002", "lr_frozen"), ">=", 1, 2.0,
+                  "the learning rate did not move at that log: the optimizer skipped the step"),
+        onset_at_start(0.6, "trouble from the first steps, before any large update"),
+        event("overflow", 1.5, "{value} loss-scale OVERFLOW lines"),
+        fired("LOSS005", 1.5, "the loss diverged first"),
+        Condition(Measured("LOSS001", "on_eval"), ">=", 1, 0.2, "only the evaluation loss is non-finite"),
+    )),
+    CauseRule(tr.EVAL_ONLY_NAN, {"nonfinite": 0.02}, (
+        Condition(Measured("LOSS001", "on_eval"), ">=", 1, 50.0,
+                  "the evaluation loss is non-finite while training logs stay finite"),
+    )),
+    CauseRule(tr.RL_DEGENERATE_REWARDS, {"no-grad-flow": 0.02, "not-learning": 0.02}, (
+        Condition(Measured("GRAD006", "degenerate_rewards"), ">=", 1, 100.0,
+                  "an RL step with zero gradient whose groups all have identical rewards (reward_std 0)"),
+        Condition(Measured("GRAD006", "degenerate_rewards"), "<=", 0, 0.5,
+                  "the rewards vary inside the groups, so the advantages are not all 0"),
+    )),
+    CauseRule(tr.RL_UPDATE_LOST, {"no-grad-flow": 0.02}, (
+        Condition(Measured("GRAD006", "degenerate_rewards"), "<=", 0, 100.0,
+                  "an RL step with zero gradient although the rewards vary (reward_std > 0)"),
+        Condition(Measured("GRAD006", "degenerate_rewards"), ">=", 1, 0.1,
+                  "every group's rewards are identical: a zero gradient is expected"),
+    )),
+)
+
+if len({c.id for c in CAUSES}) != len(CAUSES):
+    raise ValueError("a known issue is ranked twice in the cause catalog")

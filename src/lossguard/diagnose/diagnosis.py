@@ -8,7 +8,8 @@ from typing import Any
 from lossguard.core.engine import EngineResult
 from lossguard.core.findings import Finding, Severity
 from lossguard.diagnose.ranking import Cause, rank_causes
-from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES
+from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES, finding_verdict
+from lossguard.knowledge.conditions import RunEvidence
 
 
 @dataclass
@@ -61,10 +62,9 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis
     family = {signature, *RELATED.get(signature, ())}
     onset = min((f.step for f in findings if f.signature in family and f.step is not None), default=None)
     verdict = SIGNATURES[signature][0]
-    if verdict == "broken" and primary.severity < Severity.ERROR:
-        verdict = "warning"  # e.g. some label-masking warnings in a run that trains: worth a look, not dead
-    context = _context(result, findings, onset)
-    causes = rank_causes(signature, context, result.facts.origin)
+    if verdict == "broken":  # the same meaning as halt_on="broken" in the guard and watch
+        verdict = finding_verdict(signature, primary.severity)
+    causes = rank_causes(signature, _evidence(result, findings, onset))
     if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].confidence >= 0.5:
         verdict = "warning"  # a tiny loss is fine, unless the evidence says the answers leak in
     return Diagnosis(verdict, signature, onset, causes, findings, result, inputs or [])
@@ -81,17 +81,17 @@ def _primary(findings: list[Finding]) -> Finding | None:
                                           -f.severity))
 
 
-def _context(result: EngineResult, findings: list[Finding], onset: int | None) -> dict[str, Any]:
-    context: dict[str, Any] = dict(result.facts.known())
-    for name, count in result.stats.events.items():
-        context[f"event:{name}"] = count
+def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) -> RunEvidence:
+    """What the typed cause conditions read about this run."""
+    facts = result.facts.known()
+    if facts.get("world_size") is None and len(result.stats.ranks) > 1:
+        facts["world_size"] = len(result.stats.ranks)
+    measured: dict[tuple[str, str], float] = {}
     for finding in findings:
-        context[f"finding:{finding.code}"] = True
-        for key, value in finding.data.items():  # e.g. LOSS007.eval_ratio for the catalog's conditions
+        for key, value in finding.data.items():  # e.g. LOSS007 eval_ratio
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                context.setdefault(f"{finding.code}.{key}", value)
+                measured.setdefault((finding.code, key), value)
     first = result.stats.first_step
-    context["onset_at_start"] = onset is not None and first is not None and onset <= first + 1
-    if context.get("world_size") is None and len(result.stats.ranks) > 1:
-        context["world_size"] = len(result.stats.ranks)
-    return context
+    return RunEvidence(facts=facts, origins=dict(result.facts.origin), events=dict(result.stats.events),
+                       fired={f.code for f in findings}, measured=measured,
+                       onset_at_start=onset is not None and first is not None and onset <= first + 1)

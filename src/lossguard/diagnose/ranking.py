@@ -1,68 +1,71 @@
-"""Rank the catalog's causes for a signature, given what is known about the run."""
+"""Rank the catalog's causes for a signature, given what is known about the run.
+
+A cause's score is its prior for the signature times the factor of every condition that holds. Conditions
+with a factor above 1 are evidence *for* it, below 1 evidence *against* it; both are shown. The scores are
+not calibrated probabilities, so the user reads a rank word (likely / possible / unlikely) from the cause's
+share of the total, never a percentage.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from lossguard.core import versions
-from lossguard.diagnose.catalog import CAUSES
+from lossguard.diagnose.catalog import CAUSES, CauseRule
+from lossguard.knowledge.conditions import RunEvidence
 
 _MAX_CAUSES = 5
-_MIN_CONFIDENCE = 0.02
+_MIN_SHARE = 0.02
+# share of the total score -> rank word (uncalibrated: words, not percentages)
+_LIKELY, _POSSIBLE = 0.5, 0.15
+
+
+def rank_word(share: float) -> str:
+    return "likely" if share >= _LIKELY else "possible" if share >= _POSSIBLE else "unlikely"
 
 
 @dataclass(slots=True)
 class Cause:
     id: str
     title: str
-    confidence: float
+    confidence: float  # share of the total score among the ranked causes (for ordering; shown as a word)
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
     confirm: str = ""
     links: list[str] = field(default_factory=list)
+    against: list[str] = field(default_factory=list)
+
+    @property
+    def likelihood(self) -> str:
+        return rank_word(self.confidence)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "confidence": round(self.confidence, 3),
-                "evidence": self.evidence + self.links, "fix": self.fix, "confirm": self.confirm}
+        return {"id": self.id, "title": self.title, "confidence": self.likelihood, "score": round(self.confidence, 3),
+                "evidence": self.evidence + self.links, "against": self.against, "fix": self.fix,
+                "confirm": self.confirm}
 
 
-def _holds(actual: Any, op: str, expected: Any) -> bool | None:
-    """True/False when the condition can be judged, None when the fact is unknown."""
-    if actual is None:
+def score_cause(rule: CauseRule, signature: str, run: RunEvidence) -> Cause | None:
+    prior = rule.priors.get(signature)
+    if not prior:
         return None
-    if op == "==":
-        return actual == expected
-    if op == "in":
-        return actual in expected
-    if op == ">=":
-        return isinstance(actual, (int, float)) and actual >= expected
-    if op == "<=":
-        return isinstance(actual, (int, float)) and actual <= expected
-    if op == "version_in":
-        low, high = expected
-        return versions.in_range(str(actual), low, high)
-    raise ValueError(f"unknown condition operator {op!r}")
-
-
-def rank_causes(signature: str, context: dict[str, Any], origins: dict[str, str]) -> list[Cause]:
-    scored: list[Cause] = []
-    for cause in CAUSES:
-        prior = cause["signatures"].get(signature)
-        if not prior:
+    score, supports, against = prior, [], []
+    for condition in rule.conditions:
+        holds, actual = condition.judge(run)
+        if not holds:
             continue
-        score, evidence = prior, []
-        for key, op, expected, factor, reason in cause["conditions"]:
-            value = context.get(key)
-            if _holds(value, op, expected):
-                score *= factor
-                if reason:
-                    origin = origins.get(key)
-                    evidence.append(reason.format(value=value) + (f" [{origin}]" if origin else ""))
-        scored.append(Cause(id=cause["id"], title=cause["title"], confidence=score, evidence=evidence,
-                            fix=cause["fix"], confirm=cause["confirm"], links=list(cause["evidence"])))
+        score *= condition.factor
+        if condition.reason:
+            (supports if condition.supports else against).append(condition.explain(actual, run))
+    issue = rule.issue
+    return Cause(id=issue.id, title=issue.title, confidence=score, evidence=supports, fix=issue.fix,
+                 confirm=issue.confirm, links=list(issue.sources), against=against)
+
+
+def rank_causes(signature: str, run: RunEvidence) -> list[Cause]:
+    scored = [c for c in (score_cause(rule, signature, run) for rule in CAUSES) if c is not None]
     total = sum(c.confidence for c in scored) or 1.0
     for cause in scored:
         cause.confidence /= total
     scored.sort(key=lambda c: -c.confidence)
-    return [c for c in scored if c.confidence >= _MIN_CONFIDENCE][:_MAX_CAUSES]
+    return [c for c in scored if c.confidence >= _MIN_SHARE][:_MAX_CAUSES]

@@ -28,3 +28,14 @@ RELATED: dict[str, tuple[str, ...]] = {
     "nonfinite-hidden": ("nonfinite",),
     "nonfinite": ("nonfinite-hidden",),
 }
+
+
+def finding_verdict(signature: str | None, severity: int) -> str:
+    """The verdict one finding implies; the diagnosis's verdict and `halt_on="broken"` / `"warning"` in the
+    guard and in `watch` all mean this. Broken: an error or worse whose signature means a dead run;
+    warning: any other finding at warning or worse; healthy otherwise."""
+    from lossguard.core.findings import Severity
+
+    if severity >= Severity.ERROR and SIGNATURES.get(signature, ("broken",))[0] == "broken":
+        return "broken"
+    return "warning" if severity >= Severity.WARNING else "healthy"

@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lossguard.core.facts import dtype_name
+from lossguard.core.dsconfig import DeepSpeedConfig, as_bool, as_number, dtype_name
+from lossguard.core.dsconfig import get_in as _get_in
 from lossguard.core.versions import in_range, parse
 from lossguard.lint.resolve import Resolution, resolve
 
 Path = tuple[str, ...]
 _MISSING = object()
+__all__ = ["LAUNCH_KEYS", "LintContext", "as_bool", "as_number", "dtype_name", "get_in", "split"]
 # Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
 LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes"})
 
@@ -25,33 +27,7 @@ def split(path: str | Path) -> Path:
 
 
 def get_in(config: Any, path: str | Path, default: Any = None) -> Any:
-    node = config
-    for key in split(path):
-        if not isinstance(node, dict) or key not in node:
-            return default
-        node = node[key]
-    return node
-
-
-def as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    return None
-
-
-def as_number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    return _get_in(config, split(path), default)
 
 
 @dataclass
@@ -106,28 +82,23 @@ class LintContext:
 
     # --- effective values (DeepSpeed defaults applied) ------------------------------------------
     @property
+    def ds(self) -> DeepSpeedConfig:
+        """The resolved config through the one DeepSpeed-config reader (same parsing as analyze --config)."""
+        return DeepSpeedConfig.of(self.config)
+
+    @property
     def zero_stage(self) -> int | None:
-        zero = self.section("zero_optimization")
-        if not zero and "zero_optimization" not in self.config:
-            return 0
-        stage = as_number(zero.get("stage", 0))
-        return int(stage) if stage is not None and stage in (0, 1, 2, 3) else None
+        return self.ds.zero_stage
 
     @property
     def overlap_comm(self) -> bool | None:
         """DeepSpeed default: True for ZeRO-3, False for ZeRO-1/2 (zero/config.py overlap_comm_valid)."""
-        value = self.section("zero_optimization").get("overlap_comm")
-        if value is None:
-            return self.zero_stage == 3 if self.zero_stage is not None else None
-        return as_bool(value)
+        return self.ds.overlap_comm
 
     def precision_enabled(self, kind: str) -> bool | None:
         """fp16/bf16 on? The config's `enabled`; "auto" or absent defer to the training arguments
         (HF fills "auto", accelerate adds the section from --bf16/--fp16); None when unknown."""
-        section = self.config.get(kind)
-        if kind == "bf16" and section is None:
-            section = self.config.get("bfloat16")
-        value = section.get("enabled") if isinstance(section, dict) else None
+        value = self.ds.precision_written(kind)
         if value is not None and value != "auto":
             return as_bool(value)
         if self.hf_args and kind in self.args:
@@ -146,7 +117,7 @@ class LintContext:
 
     @property
     def comm_dtype(self) -> str | None:
-        return dtype_name(self.config.get("communication_data_type"))
+        return self.ds.communication_data_type
 
     @property
     def world_size(self) -> int | None:

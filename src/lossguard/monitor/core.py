@@ -1,6 +1,6 @@
 """`Monitor`: the machinery shared by the three entry points.
 
-Per optimizer step each rank builds one fixed-length float64 vector of its own signals, all ranks
+Per optimizer step each rank builds one fixed-length float64 vector of its own signals (`wire`), all ranks
 gather it (the one collective per step, `dist.gather_rows`), and every rank feeds ALL ranks' records,
 in rank order, into its own `Engine`. The findings, and so the halt decision, are therefore the same
 on every rank at the same step. Local failures travel in the vector too (the `error` slot), so the
@@ -9,7 +9,6 @@ ranks also agree on when to stop analysing: the collective path never diverges.
 
 from __future__ import annotations
 
-import math
 import os
 import traceback
 from typing import Any
@@ -20,7 +19,7 @@ from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
 from lossguard.core.records import Record, event
 from lossguard.detectors import make_detectors
-from lossguard.monitor import dist, tensors
+from lossguard.monitor import dist, tensors, wire
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.sinks import (
     JsonlSink,
@@ -31,16 +30,6 @@ from lossguard.monitor.sinks import (
     record_line,
     say,
 )
-
-# Slots of the per-rank vector, then `num_lr` learning rates, then one update ratio per module group.
-RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR, PRESENT = range(9)
-NUM_BASE = 9
-# Bits of the PRESENT slot: which optional signals this rank measured at this step.
-HAS_LOSS, HAS_LABELS, HAS_GRAD_NORM, HAS_SCALE, HAS_SKIPPED, HAS_PRINT, HAS_UPDATE, HAS_LR = (1 << i for i in range(8))
-
-# Testing aid: "STEP:RANK" makes that rank's collection raise once at that step; "STEP:RANK:snapshot" makes
-# its parameter snapshot for the next step raise instead (work after the halt decision).
-INJECT_ERROR_ENV = "LOSSGUARD_INJECT_INTERNAL_ERROR"
 
 
 class Monitor:
@@ -66,9 +55,8 @@ class Monitor:
         self.groups, assign = tensors.assign_groups(trainable, options.module_groups)
         self.updates = tensors.UpdateSampler(trainable, self.groups, assign, options.update_sample_size)
         self.grad_watch = tensors.GradWatch(trainable)
-        self.num_lr = len(getattr(optimizer, "param_groups", None) or []) or 1
-        self.vector_len = NUM_BASE + self.num_lr + len(self.groups)
-        self._inject = _parse_inject(os.environ.get(INJECT_ERROR_ENV))
+        num_lr = len(getattr(optimizer, "param_groups", None) or []) or 1
+        self.layout = wire.Layout(num_lr=num_lr, groups=tuple(self.groups))
         self.jsonl = None
         self.webhook = None
         self._emitted: list[Finding] = []
@@ -124,9 +112,9 @@ class Monitor:
             self._fail(exc, "gather", raise_ok=False)
             self._disable(step, [self.rank])
             return False
-        failed = [(r, row) for r, row in enumerate(rows) if row[ERROR]]
+        failed = [r for r, row in enumerate(rows) if wire.failed(row)]
         if failed:
-            self._disable(step, [r for r, _ in failed])
+            self._disable(step, failed)
             return False
         # The halt decision depends only on the gathered rows, the same on every rank. Work that can fail on
         # one rank alone (the next step's parameter snapshot, out of memory) comes after it and cannot
@@ -143,9 +131,6 @@ class Monitor:
             self._fail(exc, "analysis")
         if self._scheduled(step + 1):
             try:
-                if self._inject == (step, self.rank, "snapshot"):
-                    self._inject = None
-                    raise MemoryError(f"injected snapshot failure ({INJECT_ERROR_ENV})")
                 self.updates.snapshot()
             except Exception as exc:
                 self._fail(exc, "update snapshot")
@@ -212,94 +197,48 @@ class Monitor:
         try:
             if self._local_error:
                 raise _Reported()
-            if self._inject == (step, self.rank, "collection"):
-                self._inject = None
-                raise RuntimeError(f"injected internal error ({INJECT_ERROR_ENV})")
-            return self._build_vector(step, micro, grad_norm, lrs, loss_scale, skipped)
+            values = self._step_values(step, micro, grad_norm, lrs, loss_scale, skipped)
+            return self.layout.encode(values, self.device)
         except Exception as exc:
             if not isinstance(exc, _Reported):
                 self._fail(exc, "collection", raise_ok=False)
-            vector = torch.full((self.vector_len,), math.nan, dtype=torch.float64, device=self.device)
-            vector[ERROR] = 1.0
             if self.options.raise_errors and not isinstance(exc, _Reported):
                 raise
-            return vector
+            return self.layout.error_vector(self.device)
 
-    def _build_vector(self, step, micro, grad_norm, lrs, loss_scale, skipped) -> torch.Tensor:
-        slots: list[Any] = [math.nan] * self.vector_len
-        present = 0
+    def _step_values(self, step, micro, grad_norm, lrs, loss_scale, skipped) -> wire.StepValues:
+        """This rank's measurements, still on the device: nothing here waits for the host."""
+        values = wire.StepValues(grad_norm=grad_norm, loss_scale=loss_scale, skipped_steps=skipped, lrs=lrs or [])
         losses = [(loss, w) for loss, _, w in micro if loss is not None]
         if losses:
+            total = torch.stack([loss.to(self.device) for loss, _ in losses])
             if all(w is not None for _, w in losses):
-                total = torch.stack([loss.to(self.device) for loss, _ in losses]).sum()
                 weight = torch.stack([w.to(self.device) for _, w in losses]).sum()
-                slots[RAW_LOSS] = torch.where(weight > 0, total / weight.clamp_min(1.0), total)
+                values.raw_loss = torch.where(weight > 0, total.sum() / weight.clamp_min(1.0), total.sum())
             else:
-                slots[RAW_LOSS] = torch.stack([loss.to(self.device) for loss, _ in losses]).mean()
-            present |= HAS_LOSS
+                values.raw_loss = total.mean()
         counts = [tok for _, tok, _ in micro if tok is not None]
         if counts:
             stacked = torch.stack([c.to(self.device) for c in counts])
-            slots[LABELS], slots[MIN_LABELS] = stacked.sum(), stacked.min()
-            present |= HAS_LABELS
-        for slot, bit, value in ((GRAD_NORM, HAS_GRAD_NORM, grad_norm), (LOSS_SCALE, HAS_SCALE, loss_scale),
-                                 (SKIPPED, HAS_SKIPPED, skipped)):
-            if value is not None:
-                slots[slot] = value
-                present |= bit
-        if lrs:
-            for i, lr in enumerate(lrs[: self.num_lr]):
-                slots[NUM_BASE + i] = lr
-            present |= HAS_LR
+            values.num_label_tokens, values.min_label_tokens = stacked.sum(), stacked.min()
         if self._scheduled(step):
-            print_ = tensors.fingerprint(self.model)
-            if print_ is not None:  # None: ZeRO-3, no replicas to compare
-                slots[FINGERPRINT] = print_
-                present |= HAS_PRINT
-            ratios = self.updates.ratios()
-            if ratios is not None:
-                for i, ratio in enumerate(ratios):
-                    slots[NUM_BASE + self.num_lr + i] = ratio
-                present |= HAS_UPDATE
-        slots[ERROR] = 0.0
-        slots[PRESENT] = float(present)
-        return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(self.device).reshape(()) for v in slots])
+            values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas
+            values.update_ratios = self.updates.ratios()
+        return values
 
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
         records = []
-        last_skipped = self._last_skipped
         for rank, row in enumerate(rows):
-            present = int(row[PRESENT])
-            signals: dict[str, float] = {}
-            data: dict[str, Any] = {}
-            if present & HAS_LOSS:
-                signals["raw_loss"] = signals["loss"] = row[RAW_LOSS]
-            if present & HAS_LABELS:
-                signals["num_label_tokens"], signals["min_label_tokens"] = row[LABELS], row[MIN_LABELS]
-            if present & HAS_GRAD_NORM:
-                signals["grad_norm"] = row[GRAD_NORM]
-            if present & HAS_SCALE:
-                signals["loss_scale"] = row[LOSS_SCALE]
-            if present & HAS_SKIPPED:
-                signals["skipped_steps"] = row[SKIPPED]
-                if row[SKIPPED] > last_skipped.get(rank, 0.0) and "grad_norm" in signals:
+            signals, data = self.layout.decode(row)
+            if "skipped_steps" in signals:
+                skipped = signals["skipped_steps"]
+                if skipped > self._last_skipped.get(rank, 0.0) and "grad_norm" in signals:
                     # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): the
                     # grad_norm DeepSpeed reports now is its overflow marker (inf, or the last good
                     # value), not a measurement; keep it out of the signals
                     data["step_skipped"] = True
                     data["grad_norm_reported"] = signals.pop("grad_norm")
-                last_skipped[rank] = row[SKIPPED]
-            if present & HAS_LR:
-                lrs = row[NUM_BASE: NUM_BASE + self.num_lr]
-                signals["lr"] = lrs[0]
-                data["lr_groups"] = lrs
-            if present & HAS_PRINT:
-                signals["param_fingerprint"] = row[FINGERPRINT]
-            if present & HAS_UPDATE:
-                ratios = row[NUM_BASE + self.num_lr:]
-                finite = [r for r in ratios if math.isfinite(r)]
-                signals["update_ratio"] = max(finite) if finite else math.nan
-                data["update_ratio_groups"] = dict(zip(self.groups, ratios))
+                self._last_skipped[rank] = skipped
             records.append(Record(step=step, rank=rank, signals=signals, data=data, source="live"))
         return records
 
@@ -359,10 +298,3 @@ class Monitor:
 class _Reported(Exception):
     """The local error was already recorded; only the error slot needs sending."""
 
-
-def _parse_inject(text: str | None) -> tuple[int, int, str] | None:
-    if not text:
-        return None
-    step, _, rest = text.partition(":")
-    rank, _, phase = rest.partition(":")
-    return int(step), int(rank or 0), phase or "collection"

@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from lossguard.core.findings import Finding, Severity
+from lossguard.diagnose.signatures import SIGNATURES as _SIGNATURE_TABLE
+from lossguard.diagnose.signatures import finding_verdict
 
-# DESIGN.md signature ids; `halt_on` may name one of them.
-SIGNATURES = (
-    "nonfinite", "nonfinite-hidden", "zero-loss", "masked-labels", "fp16-overflow", "no-grad-flow",
-    "lr-zero", "not-learning", "divergence", "loss-spike", "memorization", "rank-desync",
-)
-# A verdict named in `halt_on` means "a finding at least this severe".
-VERDICTS = {"warning": Severity.WARNING, "broken": Severity.ERROR}
+# The signature ids `halt_on` may name: the diagnosis's own table, never a copy.
+SIGNATURES = tuple(_SIGNATURE_TABLE)
+# A verdict named in `halt_on` means what the diagnosis means by it (diagnose.signatures.finding_verdict).
+VERDICTS = {"warning": 1, "broken": 2}
 
 
 class OptionError(ValueError):
@@ -59,7 +58,7 @@ class GuardOptions:
 
 
 def halt_rules(halt_on: Any) -> list[tuple[str, Any]]:
-    """`halt_on` as ("severity", Severity) / ("signature", id) / ("code", code) rules."""
+    """`halt_on` as ("severity", Severity) / ("verdict", rank) / ("signature", id) / ("code", code) rules."""
     if halt_on is None:
         return []
     items = [halt_on] if isinstance(halt_on, str) else list(halt_on)
@@ -70,7 +69,7 @@ def halt_rules(halt_on: Any) -> list[tuple[str, Any]]:
         text = item.strip()
         low = text.lower()
         if low in VERDICTS:
-            rules.append(("severity", VERDICTS[low]))
+            rules.append(("verdict", VERDICTS[low]))
         elif low in ("info", "error", "critical"):
             rules.append(("severity", Severity.parse(low)))
         elif low in SIGNATURES:
@@ -92,6 +91,7 @@ def should_halt(rules: list[tuple[str, Any]], findings: list[Finding]) -> list[F
         for kind, value in rules:
             if (
                 (kind == "severity" and finding.severity >= value)
+                or (kind == "verdict" and VERDICTS.get(finding_verdict(finding.signature, finding.severity), 0) >= value)
                 or (kind == "signature" and finding.signature == value)
                 or (kind == "code" and finding.code == value)
             ):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,11 +84,36 @@ def load_inputs(config_path: str | Path, arms: str = "auto", cmd: str | None = N
             arm_list = load_arms_file(arms)
         except ArmsError as exc:
             problems.append(str(exc))
+    stack_problem = _job_stack_problem(cmd)
+    if stack_problem is not None:
+        problems.append(stack_problem)
     if problems:
         raise ProbeInputError("; ".join(problems))
     if arms == "auto":
         arm_list = auto_arms(config)
     return config, arm_list
+
+
+def _job_stack_problem(cmd: str | None) -> str | None:
+    """What the arms' interpreter cannot import (the training stack, lossguard for the auto-attach), if
+    anything. A `--cmd` whose interpreter cannot be told (a shell script, a binary) is not checked."""
+    from lossguard.monitor.autoattach import child_env
+    from lossguard.probe.launch import job_env
+    from lossguard.probe.preflight import USER_JOB_STACK, MissingPiece, check_job_stack, interpreter_of
+
+    try:
+        if cmd is None:
+            check_job_stack("probe's built-in job", env=child_env(job_env()))
+            return None
+        env = child_env()
+        python = interpreter_of(shlex.split(cmd), env)
+        if python is not None:
+            check_job_stack("the --cmd job", python=python, env=env, modules=USER_JOB_STACK)
+    except MissingPiece as exc:
+        return str(exc)
+    except ValueError as exc:  # shlex: unbalanced quotes
+        return f"--cmd {cmd!r} cannot be split into words ({exc})"
+    return None
 
 
 def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None, steps: int | None = None,

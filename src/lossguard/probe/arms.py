@@ -68,15 +68,15 @@ def knowledge_arms(config: dict[str, Any]) -> list[Arm]:
         stage = 0
     arms: list[Arm] = []
     if stage in (1, 2) and get_in(config, "zero_optimization.overlap_comm") not in (None, False, "false"):
-        arms.append(Arm("", {"zero_optimization.overlap_comm": False}, "KNOWLEDGE §7: overlap_comm races (B1-B5)"))
+        arms.append(Arm("", {"zero_optimization.overlap_comm": False}, "overlap_comm races (explain zero12-overlap-race)"))
     if _enabled(config, "bf16") and stage in (1, 2) and get_in(config, "bf16.check_grad_overflow") is not True:
-        arms.append(Arm("", {"bf16.check_grad_overflow": True}, "KNOWLEDGE §0.6: bf16 ZeRO-1/2 overflow check"))
+        arms.append(Arm("", {"bf16.check_grad_overflow": True}, "bf16 ZeRO-1/2 overflow check (explain bf16-no-overflow-check)"))
     if get_in(config, "communication_data_type") is not None:
-        arms.append(Arm("", {"communication_data_type": None}, "KNOWLEDGE B6: default communication dtype"))
+        arms.append(Arm("", {"communication_data_type": None}, "default communication dtype (explain DSC102)"))
     if _enabled(config, "fp16"):
-        arms.append(Arm("", {"fp16.enabled": False, "bf16.enabled": True}, "KNOWLEDGE C1: bf16 instead of fp16"))
+        arms.append(Arm("", {"fp16.enabled": False, "bf16.enabled": True}, "bf16 instead of fp16 (explain fp16-activation-overflow)"))
     if stage in (1, 2):
-        arms.append(Arm("", {"zero_optimization.stage": 3}, "KNOWLEDGE §7: ZeRO-3 when ZeRO-1/2 misbehaves"))
+        arms.append(Arm("", {"zero_optimization.stage": 3}, "ZeRO-3 when ZeRO-1/2 misbehaves"))
     return arms
 
 

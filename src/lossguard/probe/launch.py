@@ -1,23 +1,22 @@
 """Launch one scenario as a real multi-rank job: `run_scenario(name, out_dir) -> RunResult`.
 
-The job runs under `torchrun` in its own process group, with `DS_ACCELERATOR=cpu`, this package on
-`PYTHONPATH` and a fresh free port, and its combined stdout+stderr goes byte for byte to `DIR/stdout.log`
-(tqdm's `\\r` redraws included), which is what a user would have in their terminal scrollback.
+The job runs under `torchrun` as a `probe.job.Job` (its own process group, nothing of it left behind), with
+`DS_ACCELERATOR=cpu`, this package on `PYTHONPATH` and a fresh free port, and its combined stdout+stderr goes
+byte for byte to `DIR/stdout.log` (tqdm's `\\r` redraws included), which is what a user would have in their
+terminal scrollback.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import lossguard
+from lossguard.probe.job import Job, stop_jobs_on_signals
 
 SRC_DIR = str(Path(lossguard.__file__).resolve().parent.parent)
 
@@ -77,7 +76,7 @@ def run_scenario(name: str, out_dir: str | os.PathLike, nproc: int = 2, *, steps
                  ds_config: dict | None = None, timeout_s: float = 300.0,
                  env: dict[str, str] | None = None, guard_events: str | None = None,
                  halt_on: str | None = None) -> RunResult:
-    """Run scenario `name` for real and wait for it. A run that overstays `timeout_s` is killed as a group."""
+    """Run scenario `name` for real and wait for it. A run that overstays `timeout_s` is stopped as a group."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_json = None
@@ -86,34 +85,9 @@ def run_scenario(name: str, out_dir: str | os.PathLike, nproc: int = 2, *, steps
         Path(config_json).write_text(json.dumps(ds_config, indent=1))
     cmd = build_command(name, out, nproc=nproc, port=free_port(), steps=steps, config_json=config_json,
                         guard_events=guard_events, halt_on=halt_on)
-    stdout_path = out / "stdout.log"
-    start = time.monotonic()
-    timed_out = False
-    with open(stdout_path, "wb") as log:
-        # start_new_session: the job and every rank it forks share one process group we can kill on timeout.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=job_env(env),
-                                start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            returncode = proc.wait()
-    return RunResult(returncode, stdout_path, out, time.monotonic() - start, timed_out)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the job's own process group, then SIGKILL what is left after a grace period."""
-    for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    with Job(cmd, out / "stdout.log", env=job_env(env)) as job:
+        returncode = job.wait(timeout_s)
+    return RunResult(returncode, job.log_path, out, job.elapsed_s, job.timed_out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--nproc", type=int, default=2)
     args = parser.parse_args(argv)
-    result = run_scenario(args.scenario, args.out_dir, nproc=args.nproc, steps=args.steps)
+    with stop_jobs_on_signals():
+        result = run_scenario(args.scenario, args.out_dir, nproc=args.nproc, steps=args.steps)
     print(f"{args.scenario}: rc={result.returncode} wall={result.wall_s:.1f}s log={result.stdout_path}")
     return 0 if result.returncode == 0 else 1
 

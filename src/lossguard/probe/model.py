@@ -106,10 +106,3 @@ def pretrain_lm(lm: nn.Module, batches, steps: int, lr: float = 1e-2, seed: int 
     for param, flag in zip(lm.parameters(), flags):
         param.requires_grad_(flag)
 
-
-def trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def has_nonfinite_weights(model: nn.Module) -> bool:
-    return any(not torch.isfinite(p.detach().float()).all() for p in model.parameters())

@@ -2,9 +2,9 @@
 
 The job is either the user's own launch command (`--cmd "torchrun ... train.py --deepspeed_config {config}"`,
 through whatever launcher it names) or the built-in tiny model (`train_job` with `--config-json`). Either way
-it runs in its own process group with `lossguard/data/autoattach` on `PYTHONPATH` (the guard attaches itself
-to `deepspeed.initialize` / `transformers.Trainer` inside every rank, events in `ARM_DIR/events`), a fresh
-rendezvous port, and its combined output in `ARM_DIR/stdout.log`.
+it runs as a `probe.job.Job` (its own process group, stopped as a whole) with `lossguard/data/autoattach` on
+`PYTHONPATH` (the guard attaches itself to `deepspeed.initialize` / `transformers.Trainer` inside every rank,
+events in `ARM_DIR/events`), a fresh rendezvous port, and its combined output in `ARM_DIR/stdout.log`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 from lossguard.monitor.autoattach import child_env
 from lossguard.probe.arms import Arm
+from lossguard.probe.job import Job
 
 DEFAULT_WORKLOAD = "healthy-raw"  # the zoo's raw `deepspeed.initialize` loop on the tiny GPT-2
 POLL_S = 0.5
@@ -89,9 +88,9 @@ def arm_env(spec: JobSpec, arm_dir: Path, port: int) -> dict[str, str]:
 
 def run_arm(arm: Arm, config: dict[str, Any], arm_dir: Path, spec: JobSpec,
             progress: Callable[..., None] | None = None) -> ArmRun:
-    """Run `arm` to the end (or `spec.timeout_s`, then kill its group). `progress(step, loss, elapsed_s)` is
+    """Run `arm` to the end (or `spec.timeout_s`, then stop its group). `progress(step, loss, elapsed_s)` is
     called as steps appear in the job's output, and once more at the end with a fourth argument True."""
-    from lossguard.probe.launch import _kill_group, free_port
+    from lossguard.probe.launch import free_port
 
     arm_dir.mkdir(parents=True, exist_ok=True)
     config_path = arm_dir / "ds_config.json"
@@ -100,29 +99,17 @@ def run_arm(arm: Arm, config: dict[str, Any], arm_dir: Path, spec: JobSpec,
     argv = command_for(spec, config_path, arm_dir, port)
     (arm_dir / "command.json").write_text(json.dumps({"argv": argv, "arm": arm.to_dict()}, indent=1) + "\n")
     follower = _Follower(arm_dir / "stdout.log")
-    start = time.monotonic()
-    timed_out = False
-    with open(arm_dir / "stdout.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=arm_env(spec, arm_dir, port),
-                                start_new_session=True)
-        while True:
-            try:
-                returncode = proc.wait(timeout=POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            elapsed = time.monotonic() - start
-            if progress is not None and follower.poll():
-                progress(follower.step, follower.loss, elapsed)
-            if elapsed > spec.timeout_s:
-                timed_out = True
-                _kill_group(proc)
-                returncode = proc.wait()
-                break
+
+    def follow(elapsed_s: float) -> None:
+        if progress is not None and follower.poll():
+            progress(follower.step, follower.loss, elapsed_s)
+
+    with Job(argv, arm_dir / "stdout.log", env=arm_env(spec, arm_dir, port)) as job:
+        returncode = job.wait(spec.timeout_s, on_tick=follow, tick_s=POLL_S)
     follower.poll()
     if progress is not None:
-        progress(follower.step, follower.loss, time.monotonic() - start, True)
-    return ArmRun(arm, arm_dir, config_path, returncode, time.monotonic() - start, timed_out, follower.step)
+        progress(follower.step, follower.loss, job.elapsed_s, True)
+    return ArmRun(arm, arm_dir, config_path, returncode, job.elapsed_s, job.timed_out, follower.step)
 
 
 class _Follower:

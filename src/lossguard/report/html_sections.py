@@ -99,9 +99,10 @@ def causes_html(causes: Sequence[Cause]) -> str:
     for cause in causes:
         pct = max(0.0, min(1.0, cause.confidence)) * 100
         evidence = "".join(f"<li>{escape(line)}</li>" for line in cause.evidence)
+        evidence += "".join(f"<li>against: {escape(line)}</li>" for line in cause.against)
         links = " ".join(link_html(url) for url in cause.links)
         items.append(
-            f'<li class="cause" id="cause-{escape(cause.id)}"><div><span class="conf">{pct:.0f}%</span>'
+            f'<li class="cause" id="cause-{escape(cause.id)}"><div><span class="conf">{escape(cause.likelihood)}</span>'
             f'<span class="bar"><span style="width:{pct:.1f}%"></span></span>'
             f'<span class="cause-title">{escape(cause.title)}</span> <code>{escape(cause.id)}</code></div>'
             + (f'<ul class="evidence">{evidence}</ul>' if evidence else "")

@@ -82,9 +82,11 @@ def _causes(console: Console, diagnosis: Diagnosis) -> None:
         return
     console.print(Text("likely causes", style="bold"))
     for i, cause in enumerate(diagnosis.causes, 1):
-        console.print(Text.assemble((f" {i}. ", "bold"), (f"{cause.confidence:4.0%} ", "cyan"), cause.title))
+        console.print(Text.assemble((f" {i}. ", "bold"), (f"{cause.likelihood:<9}", "cyan"), cause.title))
         for line in cause.evidence:
             console.print(Text(f"      evidence: {line}", style="dim"))
+        for line in cause.against:
+            console.print(Text(f"      against: {line}", style="dim"))
         console.print(Text.assemble(("      fix: ", "green"), cause.fix))
         if i == 1 and cause.confirm:
             console.print(Text.assemble(("      confirm: ", "dim"), cause.confirm))

@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from lossguard.core.facts import dtype_name
+from lossguard.core.dsconfig import as_bool, as_int, dtype_name
 from lossguard.sources import patterns as P
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
 
 
 def facts_from_line(line: bytes) -> dict:
@@ -40,37 +33,40 @@ def facts_from_line(line: bytes) -> dict:
     return _facts_from_dump(key, value)
 
 
+# Dump key -> (RunFacts field, parser). The dump prints Python reprs (True, 2, torch.bfloat16); the parsers
+# are the DeepSpeed-config reader's, so a value means the same here as in a config file.
+_DUMP_SCALARS = {
+    "zero_optimization_stage": ("zero_stage", as_int),
+    "bfloat16_enabled": ("bf16", as_bool), "bf16_enabled": ("bf16", as_bool),
+    "fp16_enabled": ("fp16", as_bool),
+    "communication_data_type": ("communication_data_type", dtype_name),
+    "world_size": ("world_size", as_int),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", as_int),
+}
+# Dump key (a `name=value ...` config object) -> {its field: (RunFacts field, parser)}.
+_DUMP_OBJECTS = {
+    "zero_config": {"stage": ("zero_stage", as_int), "overlap_comm": ("overlap_comm", as_bool),
+                    "contiguous_gradients": ("contiguous_gradients", as_bool),
+                    "use_multi_rank_bucket_allreduce": ("use_multi_rank_bucket_allreduce", as_bool),
+                    "reduce_bucket_size": ("reduce_bucket_size", as_int)},
+    "bfloat16_config": {"enabled": ("bf16", as_bool), "check_grad_overflow": ("check_grad_overflow", as_bool)},
+    "float16_config": {"enabled": ("fp16", as_bool)},
+}
+_DUMP_OBJECTS["bf16_config"] = _DUMP_OBJECTS["bfloat16_config"]
+_DUMP_OBJECTS["fp16_config"] = _DUMP_OBJECTS["float16_config"]
+
+
 def _facts_from_dump(key: str, value: str) -> dict:
+    if key in _DUMP_SCALARS:
+        name, parse = _DUMP_SCALARS[key]
+        parsed = parse(value)
+        return {} if parsed is None else {name: parsed}
+    fields = _DUMP_OBJECTS.get(key)
+    if fields is None:
+        return {}
     kv = {k.decode(): v.decode() for k, v in P.KV_ASSIGN.findall(value.encode())}
-    if key == "zero_config":
-        out = {}
-        if (stage := _int(kv.get("stage"))) is not None:
-            out["zero_stage"] = stage
-        for name in ("overlap_comm", "contiguous_gradients", "use_multi_rank_bucket_allreduce"):
-            if kv.get(name) in ("True", "False"):
-                out[name] = kv[name] == "True"
-        if (size := _int(kv.get("reduce_bucket_size"))) is not None:
-            out["reduce_bucket_size"] = size
-        return out
-    if key == "zero_optimization_stage" and _int(value) is not None:
-        return {"zero_stage": _int(value)}
-    if key in ("bfloat16_enabled", "bf16_enabled") and value in ("True", "False"):
-        return {"bf16": value == "True"}
-    if key in ("bfloat16_config", "bf16_config"):
-        out = {}
-        if kv.get("enabled") in ("True", "False"):
-            out["bf16"] = kv["enabled"] == "True"
-        if kv.get("check_grad_overflow") in ("True", "False"):
-            out["check_grad_overflow"] = kv["check_grad_overflow"] == "True"
-        return out
-    if key in ("fp16_enabled",) and value in ("True", "False"):
-        return {"fp16": value == "True"}
-    if key in ("float16_config", "fp16_config") and kv.get("enabled") in ("True", "False"):
-        return {"fp16": kv["enabled"] == "True"}
-    if key == "communication_data_type":
-        return {"communication_data_type": dtype_name(value)} if dtype_name(value) else {}
-    if key == "world_size" and _int(value) is not None:
-        return {"world_size": _int(value)}
-    if key == "gradient_accumulation_steps" and _int(value) is not None:
-        return {"gradient_accumulation_steps": _int(value)}
-    return {}
+    out = {}
+    for field_name, (name, parse) in fields.items():
+        if (parsed := parse(kv.get(field_name))) is not None:
+            out[name] = parsed
+    return out

@@ -13,11 +13,16 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
     ("overflow", re.compile(
         rb"\[deep(?:speed|scale)\] OVERFLOW! (?:Rank (\d+) )?Skipping step\.?"
         rb"(?: Attempted loss scale: (\d+(?:\.\d+)?), reducing to (\d+(?:\.\d+)?))?")),
+    # Older DeepSpeed fp16 optimizers (fused_optimizer, unfused), plain PyTorch fp16 wrappers and fairseq.
     ("overflow", re.compile(
-        rb"(?:Overflow detected\. Skipping step\. Attempted loss scale: (\d+(?:\.\d+)?)|"
-        rb"Grad overflow on iteration|fp16 dynamic loss scale overflow! Skipping step)")),
+        rb"(?:Overflow detected\. Skipping step\. Attempted loss scale: (?P<attempted>\d+(?:\.\d+)?)"
+        rb"(?:, reducing to (?P<new>\d+(?:\.\d+)?))?|"
+        rb"Grad overflow on iteration|fp16 dynamic loss scale overflow! Skipping step|"
+        rb"overflow detected, setting loss scale to: (?P<set_to>[0-9][0-9.eE+-]*))")),
+    # DeepSpeed's floor (min_loss_scale, 1 by default: "reducing to 1" from 1, "from 1 to 1"), fairseq's.
     ("scale-at-minimum", re.compile(
-        rb"Current loss scale already at minimum|Attempted loss scale: 1, reducing to 1\b")),
+        rb"Current loss scale already at minimum|Attempted loss scale: 1, reducing to 1\b|"
+        rb"Reducing dynamic loss scale from 1 to 1\b|Minimum loss scale reached")),
     ("tokenization-mismatch", re.compile(rb"tokenization mismatch: (\d+) vs\. (\d+)")),
     ("lr-before-step", re.compile(
         rb"tried to get lr value before scheduler/optimizer started stepping|"
@@ -49,6 +54,9 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
     "Epoch(", "Iter(", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
     "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..", "step ", "iter ",
+    # The generic metric reader (sources/generic.py): any loss-like name, the grad norm and LR names that
+    # come on lines of their own, and a bare printed loss tensor.
+    "loss", "Loss", "LOSS", "grad_norm", "gnorm", "grad norm", "learning_rate", "tensor(",
 )
 
 

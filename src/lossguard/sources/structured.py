@@ -18,11 +18,15 @@ from lossguard.sources.base import SourceError
 
 def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[Record]:
     ordinal = 0
+    last_step: int | None = None
     for line_no, row in rows:
         if not isinstance(row, dict):
             continue
         step = _step_of(row)
         ordinal += 1
+        if step is None and last_step is not None:
+            step = last_step  # a row without a step (predict metrics) in a log that has them: the last step
+        last_step = step
         if "train_runtime" in row:
             yield Record(step=step, kind=EVENT, event="train-summary", source=source, line_no=line_no,
                          data={k: v for k, v in row.items() if isinstance(v, (int, float))})
@@ -33,12 +37,14 @@ def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[R
             number = to_float(value)
             if name is not None and number is not None:
                 signals[name] = number
-        if not signals:
+        if not signals.keys() - {"epoch"}:
             continue
-        is_eval = any(str(k).startswith(("eval_", "eval/")) for k in row)
+        # An eval key counts only with a value: LLaMA-Factory's trainer_log.jsonl carries "eval_loss": null
+        # on every training row.
+        is_eval = any(str(k).startswith(("eval_", "eval/")) and to_float(v) is not None for k, v in row.items())
         yield Record(step=ordinal if step is None else step, signals=signals,
                      kind=EVAL if is_eval else TRAIN, source=source, line_no=line_no,
-                     step_is_ordinal=step is None)
+                     step_is_ordinal=last_step is None)
 
 
 def _step_of(row: dict) -> int | None:
@@ -53,24 +59,48 @@ def _step_of(row: dict) -> int | None:
 
 
 class TrainerStateSource:
-    """transformers' trainer_state.json (`log_history`; NaN written as a bare `NaN` literal)."""
+    """transformers' trainer_state.json (`log_history`; NaN written as a bare `NaN` literal), under any
+    file name (users paste it as log.txt), and also when it was cut mid-file: the complete entries count."""
 
     name = "trainer_state"
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        return path.name.endswith(".json") and b"log_history" in head
+        return b'"log_history"' in head and head.lstrip()[:1] == b"{"
 
     def parse(self, path: Path) -> Iterator[Record]:
+        text = path.read_text(encoding="utf-8", errors="replace")
         try:
-            state = json.loads(path.read_text(encoding="utf-8"))
+            state = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise SourceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-                              "is the file truncated? Point lossguard at a complete trainer_state.json "
-                              "or at the run's stdout log") from None
-        history = state.get("log_history") if isinstance(state, dict) else None
+            history = _complete_entries(text)
+            if not history:
+                raise SourceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}) "
+                                  "and no complete `log_history` entry; point lossguard at a complete "
+                                  "trainer_state.json or at the run's stdout log") from None
+        else:
+            history = state.get("log_history") if isinstance(state, dict) else None
         if not isinstance(history, list):
             raise SourceError(f"{path}: no `log_history` list in this trainer_state.json")
         yield from rows_to_records(((None, row) for row in history), path.name)
+
+
+def _complete_entries(text: str) -> list[dict]:
+    """The `log_history` entries of a trainer_state.json cut mid-file, up to the last complete one."""
+    start = text.find('"log_history"')
+    start = text.find("[", start) + 1 if start >= 0 else 0
+    decoder = json.JSONDecoder()
+    entries: list[dict] = []
+    while start:
+        brace = text.find("{", start)
+        if brace < 0:
+            break
+        try:
+            entry, start = decoder.raw_decode(text, brace)
+        except ValueError:
+            break
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
 
 
 class JsonLinesSource:

@@ -19,12 +19,15 @@ from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.ds_facts import facts_from_line
+from lossguard.sources.generic import read_line
 from lossguard.sources.scan import is_real_file, iter_grep_lines, iter_lines
 
 _DEDUPE_WINDOW = 256
 # A log dict is a metrics log when it names one of these (`loss` first: nearly every one does).
-_SIGNAL_KEY = re.compile(rb"loss|grad_norm|learning_rate|eval_|train_runtime|lr")
+_SIGNAL_KEY = re.compile(rb"(?i)loss|grad_norm|learning.rate|eval_|train_runtime|lr")
 _QUOTES = (b"'", b'"')
+# `_hf_dict`'s answer for a repeat of a recent dict (another node's copy): read, nothing to emit.
+_DUPLICATE = Record(None)
 
 
 class TextLogParser:
@@ -40,6 +43,16 @@ class TextLogParser:
         # The key layout of the last metrics dict, and every layout seen (a log repeats one or two).
         self._layout: _Layout | None = None
         self._layouts: dict[tuple[bytes, ...], _Layout | None] = {}
+        self._last_log_step: int | None = None
+        self._real_steps = False  # a step number was read from the log (not counted)
+        self._last_ds_step: int | None = None
+        # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and
+        # the signals already placed there: a second value of one of them belongs to a later step.
+        self._context_step: int | None = None
+        self._context_keys: set[str] = set()
+        # The last record whose step was estimated (no counter on its line): a DeepSpeed `step=` line
+        # next to it gives its real step (see `records`).
+        self.guessed: Record | None = None
 
     # -- entry point ---------------------------------------------------------------------------------
     def parse_line(self, line: bytes, line_no: int | None = None) -> list[Record]:
@@ -47,7 +60,8 @@ class TextLogParser:
         if b"{" in line and (b"{'" in line or b'{"' in line):
             record = self._hf_dict(line, line_no)
             if record is not None:
-                out.append(record)
+                if record is not _DUPLICATE:
+                    out.append(record)
                 return out
         if b"skipped=" in line and (records := self._ds_step(line, line_no)):
             return records  # DeepSpeed's progress line, as common as the log dicts: checked early
@@ -60,7 +74,7 @@ class TextLogParser:
                 records = parse(self, line, line_no)
                 if records:
                     return records
-        return out
+        return self._generic(line, line_no)
 
     # -- HF Trainer dicts ----------------------------------------------------------------------------
     def _hf_dict(self, line: bytes, line_no: int | None) -> Record | None:
@@ -73,7 +87,7 @@ class TextLogParser:
             return None
         # Multi-node runs print each log once per node (`log_on_each_node`): drop exact repeats.
         if text in self._recent_keys:
-            return None
+            return _DUPLICATE
         layout = self._layout
         match = layout.pattern.fullmatch(text) if layout is not None else None
         if match is not None:  # the same keys as the last dict: no per-key work
@@ -90,7 +104,7 @@ class TextLogParser:
         if is_summary:
             return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
                           source=self.source, line_no=line_no)
-        ordinal = False
+        ordinal = guessed = False
         if step is None:
             counters = P.TQDM_COUNTER.findall(line, 0, start) if start else None
             if is_eval and self.last_step is not None:
@@ -99,20 +113,33 @@ class TextLogParser:
                 # tqdm redraws at most every 0.1 s, so on fast steps the bar printed with a log lags
                 # behind the real step; two train logs are never at the same step.
                 step = int(counters[-1][0])
-                if self.last_step is not None and step <= self.last_step:
-                    step = self.last_step + 1
-            elif is_eval and self.last_step is not None:
-                step = self.last_step
-            elif self.last_step is not None:
-                step, ordinal = self.last_step + self._interval, True
+                if self._last_log_step is not None and step <= self._last_log_step:
+                    step = self._last_log_step + 1
+                self._real_steps = True
             else:
-                step, ordinal = 1, True
+                step, ordinal, guessed = self._guess_step()
+        else:
+            self._real_steps = True
         if not is_eval:
             self.num_logs += 1
-            if self.last_step is not None and step > self.last_step:
-                self._interval = step - self.last_step
-            self.last_step = step
-        return _train_record(step, signals, self.source, line_no, ordinal, EVAL if is_eval else TRAIN)
+            self._advance(step)
+            self._last_log_step = step
+        record = _train_record(step, signals, self.source, line_no, ordinal, EVAL if is_eval else TRAIN)
+        if guessed:
+            self.guessed = record
+        return record
+
+    def _guess_step(self) -> tuple[int, bool, bool]:
+        """(step, is ordinal, guessed) of a log that names no step: one interval past the last step. It is
+        an ordinal log number only while the log has shown no real step number."""
+        if self.last_step is None:
+            return 1, True, True
+        return self.last_step + self._interval, not self._real_steps, True
+
+    def _advance(self, step: int) -> None:
+        if self.last_step is not None and step > self.last_step:
+            self._interval = step - self.last_step
+        self.last_step = step
 
     def _pairs(self, pairs: list[tuple[bytes, bytes]]) -> tuple[dict[str, float], int | None, bool, bool]:
         """(signals, step, is_eval, is_summary) of a dict's (key, value) pairs; learns its layout."""
@@ -131,7 +158,7 @@ class TextLogParser:
             value = _hf_value(raw_value)
             if role == _SUMMARY:
                 is_summary = True
-            elif role == _EVAL:
+            elif role == _EVAL and value is not None:  # `'eval_loss': None` on a train log is not an eval
                 is_eval = True
             elif role == _STEP and value is not None and math.isfinite(value):
                 step = int(value)
@@ -151,11 +178,13 @@ class TextLogParser:
         data: dict = {}
         groups = [g.decode() if g else None for g in match.groups()]
         if name == "overflow":
-            if len(groups) == 3:
+            if not match.re.groupindex:  # DeepSpeed's ZeRO loss scaler: rank, attempted, new
                 data = {"rank": _int(groups[0]), "attempted_scale": to_float(groups[1]),
                         "new_scale": to_float(groups[2])}
             else:
-                data = {"attempted_scale": to_float(groups[0])}
+                named = {k: v.decode() if v else None for k, v in match.groupdict().items()}
+                data = {"attempted_scale": to_float(named.get("attempted")),
+                        "new_scale": to_float(named.get("new") or named.get("set_to"))}
         elif name == "tokenization-mismatch":
             data = {"got": _int(groups[0]), "expected": _int(groups[1])}
         elif name == "trainable-params":
@@ -172,12 +201,18 @@ class TextLogParser:
         if not match:
             return []
         step, skipped, first_lr = match.groups()
+        step = int(step)
+        self._real_steps = True
+        if self._last_ds_step is not None and step > self._last_ds_step:
+            self._interval = step - self._last_ds_step  # where the next log dict without a step goes
+        self._last_ds_step = step
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
         signals = {"skipped_steps": float(skipped)}
         try:  # noqa: SIM105 (contextlib.suppress costs more than the rest of this line's parse)
             signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
         except ValueError:
             pass
-        return [_train_record(int(step), signals, self.source, line_no)]
+        return [_train_record(step, signals, self.source, line_no)]
 
     # -- Megatron-LM ------------------------------------------------------------------------------------
     def _megatron(self, line: bytes, line_no: int | None) -> list[Record]:
@@ -235,6 +270,47 @@ class TextLogParser:
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         return [Record(step=step, rank=rank, signals=signals, source=self.source, line_no=line_no)]
 
+    # -- any other line with a loss-like name next to a number (sources/generic.py) -------------------
+    def _generic(self, line: bytes, line_no: int | None) -> list[Record]:
+        out: list[Record] = []
+        for segment in read_line(line):
+            signals, step = segment.signals, segment.resolved_step()
+            if segment.is_eval and "loss" in signals:
+                signals["eval_loss"] = signals.pop("loss")
+            elif "loss" in signals:
+                signals.pop("eval_loss", None)  # a progress bar's stale validation value
+            if len(signals) - ("epoch" in signals) == 0:
+                if step is not None:  # `step 50 token 250m`: the metric lines below are at step 50
+                    self._real_steps = True
+                    self._context_step, self._context_keys = step, set()
+                continue
+            kind = TRAIN if "eval_loss" not in signals else EVAL
+            record = self._generic_record(step, signals, kind, line_no)
+            out.append(record)
+        return out
+
+    def _generic_record(self, step: int | None, signals: dict[str, float], kind: str, line_no: int | None) -> Record:
+        ordinal = guessed = False
+        if step is not None:
+            self._real_steps = True
+            self._context_step, self._context_keys = step, set(signals)
+        elif self._context_step is not None and not self._context_keys & signals.keys():
+            step = self._context_step
+            self._context_keys |= signals.keys()
+        elif kind == EVAL and self.last_step is not None:
+            step = self.last_step
+        elif self._real_steps and self.last_step is not None:
+            step = self.last_step + 1  # a summary line (epoch averages) after the last numbered step
+        else:
+            step, ordinal, guessed = self._guess_step()
+        if kind == TRAIN:
+            self.num_logs += 1
+            self._advance(step)
+        record = _train_record(step, signals, self.source, line_no, ordinal, kind)
+        if guessed:
+            self.guessed = record
+        return record
+
     # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
     def _facts(self, line: bytes, line_no: int | None) -> list[Record]:
         facts = facts_from_line(line)
@@ -267,7 +343,7 @@ def _key_info(raw_key: bytes) -> tuple[str | None, int]:
         return name, _SUMMARY
     if key.startswith("eval_"):
         return name, _EVAL
-    if key in ("step", "global_step"):
+    if key.lower() in ("step", "global_step"):
         return name, _STEP
     if key == "global_step/max_steps":
         return name, _STEP_OF_MAX
@@ -353,11 +429,58 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterator[Record]:
+    """The parser's records over `lines`, with the records of one step merged into one: a DeepSpeed `step=`
+    line and the log dict of that step, a progress bar and the dict printed with it, the metric lines of
+    one step block. A log dict whose step had to be estimated takes the step of a `step=` line next to it.
+    Fewer, richer records: the detectors see each step once."""
+    held: Record | None = None
+    held_guessed = False
+    parse = parser.parse_line
+    for line_no, line in lines:
+        for record in parse(line, line_no):
+            guessed = record is parser.guessed
+            if held is not None:
+                if _merge(held, held_guessed, record, guessed):
+                    held_guessed = held_guessed and guessed
+                    continue
+                yield held
+            if record.kind == EVENT:
+                yield record
+                held = None
+                continue
+            held, held_guessed = record, guessed
+    if held is not None:
+        yield held
+
+
+def _merge(held: Record, held_guessed: bool, new: Record, new_guessed: bool) -> bool:
+    """Merge `new` into `held` (the record before it) when both are one step's numbers; True if merged."""
+    if new.kind != held.kind or new.rank != held.rank or new.kind == EVENT:
+        return False
+    if new.step == held.step:
+        pass
+    elif held_guessed and _is_ds_step(new):
+        held.step = new.step
+    elif new_guessed and _is_ds_step(held):
+        pass
+    else:
+        return False
+    signals = held.signals
+    for name, value in new.signals.items():
+        if name not in signals:
+            signals[name] = value
+    held.step_is_ordinal = held.step_is_ordinal and new.step_is_ordinal and held.step == new.step
+    return True
+
+
+def _is_ds_step(record: Record) -> bool:
+    return "skipped_steps" in record.signals and "loss" not in record.signals
+
+
 def parse_stream(stream: BinaryIO, source: str) -> Iterator[Record]:
-    parser = TextLogParser(source)
     lines = iter_grep_lines(stream) if is_real_file(stream) else None
-    for line_no, line in lines if lines is not None else iter_lines(stream):
-        yield from parser.parse_line(line, line_no)
+    yield from merged(TextLogParser(source), lines if lines is not None else iter_lines(stream))
 
 
 def parse_file(path: Path) -> Iterator[Record]:
@@ -366,17 +489,12 @@ def parse_file(path: Path) -> Iterator[Record]:
         with open(path, "rb") as stream:
             yield from parse_stream(stream, path.name)
         return
-    parse = TextLogParser(path.name).parse_line
-    for line_no, line in lines:
-        if found := parse(line, line_no):
-            yield from found
+    yield from merged(TextLogParser(path.name), lines)
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
-    """For callers that already have lines (watch, probe): same parser, no chunking."""
-    parser = TextLogParser(source)
-    for line_no, line in enumerate(lines, 1):
-        yield from parser.parse_line(line, line_no)
+    """For callers that already have lines (tests, tools): same parser, no chunking."""
+    yield from merged(TextLogParser(source), enumerate(lines, 1))
 
 
 class TextLogSource:

@@ -41,7 +41,7 @@ def render_banner(alert: Alert, *, color: bool, width: int = 100, halting: str |
     for finding in _top_findings(diagnosis):
         console.print(Text.assemble((f"  {finding.code} ", "bold"), finding.message))
     for i, cause in enumerate(diagnosis.causes[:_TOP_CAUSES], 1):
-        console.print(Text.assemble((f"  {i}. ", "bold"), (f"{cause.confidence:4.0%} ", "cyan"), cause.title))
+        console.print(Text.assemble((f"  {i}. ", "bold"), (f"{cause.likelihood:<9}", "cyan"), cause.title))
         console.print(Text.assemble(("     fix: ", "green"), cause.fix))
     if halting:
         console.print(Text(f"lossguard: {halting}", style=style))

@@ -33,8 +33,6 @@ def run(out_dir: str, name: str) -> None:
     ga = 2 if fault == "healthy-ga" else 1
     if fault.startswith("nan-bf16"):
         kw.update(bf16=True, check_grad_overflow=False)
-    if fault == "nan-bf16-snapshot-fails":  # rank 1's work after the halt decision raises at the fault step
-        os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1:snapshot"
     if fault in ("fp16-storm", "healthy-fp16"):
         kw.update(fp16=True, initial_scale_power=32 if fault == "healthy-fp16" else 16)
     model = tiny.tiny_gpt2()
@@ -71,12 +69,17 @@ def run(out_dir: str, name: str) -> None:
     gathers = _count_gathered_parameters() if fault == "healthy-count-gathers" else None
     guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="warning",
                              fingerprint_every=1, halt_checkpoint_dir=ckpt, detectors=None)
+    current = {"step": 0}
+    if fault == "nan-bf16-snapshot-fails" and rank == 1:
+        # rank 1's work after the halt decision (the next step's parameter snapshot) raises at the fault step
+        fail_snapshot_at(guard.monitor.updates, FAULT_STEP, current)
     data = tiny.Tokens()
     micro = config["train_micro_batch_size_per_gpu"]
     halted = None
     cursor = rank * micro
     try:
         for step in range(1, NUM_STEPS + 1):
+            current["step"] = step
             for _ in range(ga):
                 batch = data.ids[cursor % len(data): cursor % len(data) + micro]
                 cursor += micro * 2
@@ -96,7 +99,6 @@ def run(out_dir: str, name: str) -> None:
     except lossguard.LossguardHalt as halt:
         halted = halt.step
     guard.detach()
-    os.environ.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:  # what each rank decided, for agreement
         json.dump({"halted_at": halted, "global_step": engine.global_steps, "disabled": guard.monitor.disabled,
                    "gathered_parameters_calls": gathers[0] if gathers else None}, fh)
@@ -107,6 +109,18 @@ def run(out_dir: str, name: str) -> None:
                        "disabled": guard.monitor.disabled, "checkpoint": ckpt if halted else None,
                        "findings": findings}, fh, default=str)
     engine.destroy() if hasattr(engine, "destroy") else None
+
+
+def fail_snapshot_at(updates, fault_step: int, current: dict) -> None:
+    """The monitor's update sampler raises (as out of memory would) when it snapshots at `fault_step`."""
+    snapshot = updates.snapshot
+
+    def failing_snapshot():
+        if current["step"] == fault_step:
+            raise MemoryError("injected snapshot failure (test hook)")
+        return snapshot()
+
+    updates.snapshot = failing_snapshot
 
 
 def _count_gathered_parameters() -> list[int]:

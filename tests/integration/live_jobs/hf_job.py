@@ -47,8 +47,6 @@ def build(name: str):
     elif name == "healthy-fp16":  # starts at scale 2^32: DeepSpeed calibrates it down with skips
         args_kw["fp16"] = True
         kw.update(fp16=True, initial_scale_power=32)
-    elif name == "internal-error":
-        os.environ["LOSSGUARD_INJECT_INTERNAL_ERROR"] = f"{FAULT_STEP}:1"
     elif name == "nan-bf16":
         args_kw["bf16"] = True
         kw.update(bf16=True, check_grad_overflow=False)
@@ -100,6 +98,18 @@ def install_faults(model, faults: Faults):
     model.register_forward_hook(post, with_kwargs=True, prepend=True)
 
 
+def fail_collection_at(updates, fault_step: int, faults: Faults) -> None:
+    """The monitor's update sampler raises once while collecting `fault_step`'s signals (a lossguard bug)."""
+    ratios = updates.ratios
+
+    def failing_ratios():
+        if faults.step == fault_step:
+            raise RuntimeError("injected internal error (test hook)")
+        return ratios()
+
+    updates.ratios = failing_ratios
+
+
 def run(out_dir: str, name: str) -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -112,6 +122,8 @@ def run(out_dir: str, name: str) -> None:
     class StepCounter(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **k):
             faults.step = state.global_step
+            if name == "internal-error" and state.global_step == 1 and tiny.rank() == 1:
+                fail_collection_at(guard.monitor.updates, FAULT_STEP, faults)
             if name == "desync" and state.global_step == FAULT_STEP - 1 and tiny.rank() == 1:
                 with torch.no_grad():
                     next(model.parameters()).add_(1e-2)  # one rank's replica drifts
@@ -130,7 +142,6 @@ def run(out_dir: str, name: str) -> None:
     guard = LossguardCallback(events_dir=os.path.join(work, "events"), **callback_kw)
     trainer = Trainer(model=model, args=args, train_dataset=tiny.Tokens(), callbacks=[StepCounter(), guard])
     trainer.train()
-    os.environ.pop("LOSSGUARD_INJECT_INTERNAL_ERROR", None)
     summary = {
         "scenario": name,
         "halted_at": guard.monitor.halted_at if guard.monitor else None,

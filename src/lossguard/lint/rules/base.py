@@ -65,6 +65,7 @@ class Rule:
     evidence: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Example, ...]] = ()
     signature: ClassVar[str | None] = None  # the DESIGN.md failure signature this rule prevents
+    issues: ClassVar[tuple[str, ...]] = ()  # known-issue ids (lossguard.knowledge) whose windows the rule reads
 
     @classmethod
     def doc(cls) -> str:

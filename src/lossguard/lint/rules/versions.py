@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lossguard.core.findings import Finding, Severity
+from lossguard.knowledge import deepspeed as kd
+from lossguard.knowledge import training as kt
 from lossguard.lint.context import LintContext, as_number
 from lossguard.lint.rules.base import Example, Fix, Rule
 
@@ -22,6 +24,7 @@ class TorchCudnnSdpa(Rule):
     `torch.backends.cuda.enable_cudnn_sdp(False)` if NaN appears, or switch attn_implementation.
     """
 
+    issues = ("attention-kernel-nan",)
     code = "ENV301"
     name = "torch.cudnn-sdpa"
     severity = Severity.WARNING
@@ -40,10 +43,11 @@ class TorchCudnnSdpa(Rule):
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         version = ctx.version("torch")
         fix = Fix("avoid torch 2.5.0, or torch.backends.cuda.enable_cudnn_sdp(False)", safe=True)
-        if ctx.in_range("torch", "2.5.0", "2.5.1"):
+        default_on, reenabled = kt.ATTENTION_KERNEL_NAN.windows
+        if default_on.contains(version):
             yield self.finding(ctx, f"torch {version} enables cuDNN SDPA by default on H100: NaN gradients from the first "
                                "step (pytorch #138649)", "env.torch", fix=fix)
-        elif ctx.in_range("torch", "2.9.0") and not str(version).endswith("+cpu"):  # a CPU build has no cuDNN
+        elif reenabled.contains(version) and not str(version).endswith("+cpu"):  # a CPU build has no cuDNN
             yield self.finding(ctx, f"torch {version} uses cuDNN SDPA by default on SM90/SM100 (H100/H200/B200), with "
                                "shape-dependent NaN gradient bugs; disable it if NaN appears", "env.torch", fix=fix,
                                severity=Severity.INFO)
@@ -59,6 +63,7 @@ class TransformersGaLossBug(Rule):
     Fix (manual): upgrade transformers to >= 4.49.
     """
 
+    issues = ("transformers-ga-loss-scale",)
     code = "ENV302"
     name = "transformers.ga-loss-bug"
     severity = Severity.WARNING
@@ -73,7 +78,7 @@ class TransformersGaLossBug(Rule):
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        if not ctx.in_range("transformers", "4.46.0", "4.49.0"):
+        if not kt.GA_LOSS_SCALE.affects("transformers", ctx.version("transformers")):
             return
         ga = as_number(ctx.config.get("gradient_accumulation_steps"))
         if ga is None:
@@ -95,6 +100,7 @@ class DeepSpeedBf16Unclipped(Rule):
     Fix (manual): upgrade DeepSpeed.
     """
 
+    issues = ("bf16-unclipped",)
     code = "ENV303"
     name = "deepspeed.bf16-unclipped"
     severity = Severity.WARNING
@@ -106,7 +112,7 @@ class DeepSpeedBf16Unclipped(Rule):
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        if ctx.bf16 and ctx.zero_stage in (1, 2) and ctx.in_range("deepspeed", "0.9.2", "0.10.0"):
+        if ctx.bf16 and ctx.zero_stage in (1, 2) and kd.BF16_UNCLIPPED.affects("deepspeed", ctx.version("deepspeed")):
             yield self.finding(ctx, f"DeepSpeed {ctx.version('deepspeed')} bf16 ZeRO-{ctx.zero_stage} neither computes "
                                "the gradient norm nor clips (PR #3166); grad_norm logs 0.0", "env.deepspeed",
                                fix=Fix("upgrade DeepSpeed to >= 0.10.0", safe=True))
@@ -121,6 +127,7 @@ class DeepSpeedZero3StreamRace(Rule):
     Fix (manual): upgrade DeepSpeed to >= 0.18.8.
     """
 
+    issues = ("zero3-stream-race",)
     code = "ENV304"
     name = "deepspeed.zero3-stream-race"
     severity = Severity.WARNING
@@ -137,7 +144,8 @@ class DeepSpeedZero3StreamRace(Rule):
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if not (ctx.bf16 and ctx.zero_stage == 3):
             return
-        if ctx.in_range("deepspeed", None, "0.18.8") and ctx.in_range("torch", "2.10.0"):
+        issue = kd.ZERO3_STREAM_RACE
+        if issue.affects("deepspeed", ctx.version("deepspeed")) and issue.affects("torch", ctx.version("torch")):
             yield self.finding(ctx, f"DeepSpeed {ctx.version('deepspeed')} ZeRO-3 bf16 with torch {ctx.version('torch')}: "
                                "the reduce stream race turns weight partitions NaN (PR #7898)", "env.deepspeed",
                                fix=Fix("upgrade DeepSpeed to >= 0.18.8", safe=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lossguard.core.findings import Finding, Severity
+from lossguard.knowledge import deepspeed as kd
 from lossguard.lint.context import LintContext, as_bool
 from lossguard.lint.rules.base import Example, Fix, Rule, delete, set_
 
@@ -14,21 +15,25 @@ ZERO2_OVERLAP = {"zero_optimization": {"stage": 2, "overlap_comm": True, "contig
 ZERO2_SAFE = {"zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": True}}
 
 
+# The overlap races in the order a version is checked (first hit wins), with the severity lint gives each
+# and how the message names it. The windows come from the known-issues table (lossguard.knowledge).
+_OVERLAP_RACES = (
+    (kd.OVERLAP_RACE, Severity.ERROR, "the IPG double-buffer race (PR #2500, fixed in 0.14.3 by PR #5606)"),
+    (kd.PINGPONG_RESET, Severity.ERROR, "the ping-pong buffer index reset that corrupts gradients (PR #6993, "
+                                        "fixed by PR #7371 in 0.17.5)"),
+    (kd.BUFFER_LIFETIME, Severity.WARNING, "the reduction-stream buffer lifetime race (fixed in 0.19.0 by PR #7965)"),
+    (kd.COMPILE_STREAM_RACE, Severity.WARNING, "the multi-stream IPG race under torch.compile (fixed in 0.19.3 by "
+                                               "PR #8080)"),
+)
+
+
 def overlap_risk(version: str | None, ctx: LintContext) -> tuple[Severity, str] | None:
     """(severity, why) for ZeRO-1/2 overlap_comm at this DeepSpeed version; None when no known race."""
     if not ctx.version_known("deepspeed"):
         return Severity.WARNING, ("DeepSpeed version unknown; every release before 0.19.3 has a ZeRO-1/2 overlap_comm "
                                   "race (fixes: PR #5606 in 0.14.3, #7805 in 0.18.5, #7965 in 0.19.0, #8080 in 0.19.3)")
-    windows = (
-        ("0.8.0", "0.14.3", Severity.ERROR, "the IPG double-buffer race (PR #2500, fixed in 0.14.3 by PR #5606)"),
-        ("0.17.2", "0.17.5", Severity.ERROR, "the ping-pong buffer index reset that corrupts gradients (PR #6993, "
-                                             "fixed by PR #7371 in 0.17.5)"),
-        ("0.14.3", "0.19.0", Severity.WARNING, "the reduction-stream buffer lifetime race (fixed in 0.19.0 by PR #7965)"),
-        ("0.19.0", "0.19.3", Severity.WARNING, "the multi-stream IPG race under torch.compile (fixed in 0.19.3 by PR #8080)"),
-        (None, "0.8.0", Severity.WARNING, "an old release; ZeRO-2 overlap is only known safe from 0.19.3"),
-    )
-    for low, high, severity, why in windows:
-        if ctx.in_range("deepspeed", low, high):
+    for issue, severity, why in _OVERLAP_RACES:
+        if issue.affects("deepspeed", version):
             return severity, f"DeepSpeed {version} has {why}"
     return None
 
@@ -50,6 +55,8 @@ class OverlapComm(Rule):
     DeepSpeed to >= 0.19.3.
     """
 
+    issues = ("zero12-overlap-race", "zero12-pingpong-index-reset", "zero12-buffer-lifetime",
+              "zero12-compile-stream-race")
     code = "DSC101"
     name = "zero.overlap-comm"
     severity = Severity.ERROR
@@ -95,6 +102,7 @@ class CommDtypeFp32(Rule):
     communicate in bf16 (DeepSpeed's default), or set `overlap_comm: false` (DSC101).
     """
 
+    issues = ("zero12-fp32-communication",)
     code = "DSC102"
     name = "zero.comm-dtype-fp32"
     severity = Severity.WARNING
@@ -114,7 +122,7 @@ class CommDtypeFp32(Rule):
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if ctx.comm_dtype != "fp32" or ctx.bf16 is False or ctx.zero_stage not in (1, 2) or not ctx.overlap_comm:
             return
-        if ctx.in_range("deepspeed", "0.19.0") or not ctx.multi_rank:
+        if kd.COMM_DTYPE_FP32.affects("deepspeed", ctx.version("deepspeed")) is False or not ctx.multi_rank:
             return
         bf16 = "bf16" if ctx.bf16 else "bf16 (if enabled)"
         fix = Fix("remove communication_data_type (bf16 runs then reduce in bf16)", safe=False,
@@ -136,6 +144,7 @@ class AutoBucketOverlap(Rule):
     `overlap_comm: false` (DSC101), or DeepSpeed >= 0.19.3.
     """
 
+    issues = ("zero12-overlap-race", "zero12-compile-stream-race")
     code = "DSC103"
     name = "zero.auto-bucket-overlap"
     severity = Severity.WARNING
@@ -156,7 +165,7 @@ class AutoBucketOverlap(Rule):
             return
         if ctx.zero_stage not in (1, 2) or not ctx.overlap_comm or not ctx.multi_rank:
             return
-        if ctx.in_range("deepspeed", "0.19.3"):
+        if kd.COMPILE_STREAM_RACE.affects("deepspeed", ctx.version("deepspeed")) is False:  # past the last race
             return
         resolved = ctx.resolution.filled.get(("zero_optimization", "reduce_bucket_size"))
         size = f" = {resolved[0]:,} elements from {resolved[1]}" if resolved else " (= hidden_size² under the HF Trainer)"
@@ -181,6 +190,7 @@ class MultiRankBucketAllreduce(Rule):
     On 0.12.4-0.12.x that flag is ignored: upgrade DeepSpeed or set `overlap_comm: false`.
     """
 
+    issues = ("zero12-multi-rank-bucket",)
     code = "DSC104"
     name = "zero.multi-rank-bucket-allreduce"
     severity = Severity.WARNING
@@ -199,7 +209,8 @@ class MultiRankBucketAllreduce(Rule):
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        if ctx.zero_stage not in (1, 2) or not ctx.multi_rank or not ctx.in_range("deepspeed", "0.12.4", "0.15.0"):
+        in_window = kd.MULTI_RANK_BUCKET.affects("deepspeed", ctx.version("deepspeed"))
+        if ctx.zero_stage not in (1, 2) or not ctx.multi_rank or not in_window:
             return
         if not ctx.overlap_comm:  # serialised reduction: the workaround that worked in #5242
             return

@@ -1,0 +1,218 @@
+"""Typed conditions for ranking causes: what a condition reads is a typed subject, checked when the module
+that builds it loads, instead of a string key that silently never matches when it is misspelt.
+
+A `Condition` multiplies a cause's score by `factor` when it holds on a known value; unknown values change
+nothing. A factor above 1 is evidence *for* the cause, below 1 evidence *against* it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lossguard.core.facts import RunFacts
+from lossguard.knowledge.issue import VersionWindow
+
+FACT_NAMES = frozenset(f.name for f in fields(RunFacts) if f.name != "origin")
+_CODE = re.compile(r"^[A-Z]+[0-9]{3}$")
+_EVENT = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+@dataclass
+class RunEvidence:
+    """What the ranking may read about one run: facts, log events, findings and the numbers they carry."""
+
+    facts: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    fired: set[str] = field(default_factory=set)
+    measured: dict[tuple[str, str], float] = field(default_factory=dict)
+    onset_at_start: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A RunFacts field; a name RunFacts lacks fails at import."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in FACT_NAMES:
+            raise ValueError(f"unknown run fact {self.name!r}; RunFacts has {sorted(FACT_NAMES)}")
+
+    def read(self, run: RunEvidence) -> Any:
+        return run.facts.get(self.name)
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return run.origins.get(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """How many times a log event (`overflow`, `tokenization-mismatch`, ...) was seen; unknown when never.
+    The names the sources emit are checked by a test (tests/unit/test_causes.py)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not _EVENT.match(self.name):
+            raise ValueError(f"event names are lower-case-with-dashes, got {self.name!r}")
+
+    def read(self, run: RunEvidence) -> Any:
+        return run.events.get(self.name) or None
+
+    @property
+    def label(self) -> str:
+        return f"log events {self.name!r}"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """True when a detector code fired; unknown otherwise. Codes are checked against the registry in a test."""
+
+    code: str
+
+    def __post_init__(self) -> None:
+        if not _CODE.match(self.code):
+            raise ValueError(f"detector codes look like LOSS001, got {self.code!r}")
+
+    def read(self, run: RunEvidence) -> Any:
+        return True if self.code in run.fired else None
+
+    @property
+    def label(self) -> str:
+        return f"finding {self.code} fired"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A number a finding carries (`LOSS007` `eval_ratio`)."""
+
+    code: str
+    key: str
+
+    def __post_init__(self) -> None:
+        Fired(self.code)  # same code check
+
+    def read(self, run: RunEvidence) -> Any:
+        return run.measured.get((self.code, self.key))
+
+    @property
+    def label(self) -> str:
+        return f"{self.code} {self.key}"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class OnsetAtStart:
+    """The failure shows from the first logged step."""
+
+    def read(self, run: RunEvidence) -> Any:
+        return run.onset_at_start
+
+    @property
+    def label(self) -> str:
+        return "onset at the first logged step"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NoneKnown:
+    """True when none of the named facts is known: the log says nothing about them (no config dump, no
+    `--config`), so causes that need them have no support at all."""
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in self.names:
+            Fact(name)  # same name check
+
+    def read(self, run: RunEvidence) -> Any:
+        return all(run.facts.get(name) is None for name in self.names)
+
+    @property
+    def label(self) -> str:
+        return f"none of {', '.join(self.names)} known"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+Subject = Fact | Event | Fired | Measured | OnsetAtStart | NoneKnown
+_OPS = {
+    "==": lambda actual, expected: actual == expected,
+    "in": lambda actual, expected: actual in expected,
+    ">=": lambda actual, expected: isinstance(actual, (int, float)) and actual >= expected,
+    "<=": lambda actual, expected: isinstance(actual, (int, float)) and actual <= expected,
+    "endswith": lambda actual, expected: str(actual).endswith(expected),
+    "inside": lambda actual, expected: expected.contains(str(actual)),
+    "outside": lambda actual, expected: _negate(expected.contains(str(actual))),
+}
+
+
+def _negate(value: bool | None) -> bool | None:
+    return None if value is None else not value
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    subject: Subject
+    op: str
+    value: Any
+    factor: float
+    reason: str = ""  # "{value}" is the subject's value; empty: counts, never shown
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"unknown condition operator {self.op!r}; one of {sorted(_OPS)}")
+        if (self.op in ("inside", "outside")) != isinstance(self.value, VersionWindow):
+            raise ValueError(f"{self.op!r} compares a version with a VersionWindow, got {self.value!r}")
+        if not self.factor > 0 or self.factor == 1:
+            raise ValueError(f"factor must be > 0 and != 1, got {self.factor}")
+
+    @property
+    def supports(self) -> bool:
+        return self.factor > 1
+
+    def judge(self, run: RunEvidence) -> tuple[bool | None, Any]:
+        """(holds?, the value read); holds is None when the value is unknown."""
+        actual = self.subject.read(run)
+        if actual is None:
+            return None, None
+        return _OPS[self.op](actual, self.value), actual
+
+    def describe(self) -> str:
+        """The test in words, for `lossguard explain` and docs/causes.md."""
+        label = self.subject.label
+        if self.value is True and self.op == "==" and not isinstance(self.subject, Fact):
+            return label
+        shown = {"==": "is", "inside": "in", "outside": "not in", "endswith": "ends with"}.get(self.op, self.op)
+        return f"{label} {shown} {self.value}"
+
+    def explain(self, actual: Any, run: RunEvidence) -> str:
+        origin = self.subject.origin(run)
+        return self.reason.format(value=actual) + (f" [{origin}]" if origin else "")
+
+
+def inside(window: VersionWindow, factor: float, reason: str) -> Condition:
+    """The run's version of the window's package is in the window."""
+    return Condition(Fact(window.fact), "inside", window, factor, reason)
+
+
+def outside(window: VersionWindow, factor: float, reason: str) -> Condition:
+    return Condition(Fact(window.fact), "outside", window, factor, reason)

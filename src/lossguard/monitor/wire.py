@@ -1,0 +1,118 @@
+"""The per-rank vector every rank sends at each optimizer step, and how a gathered row reads back.
+
+One fixed-length float64 vector a rank, so the step's one collective (`dist.gather_rows`) has the same shape
+on every rank: nine base slots, then `num_lr` learning rates, then one update ratio per module group. The
+PRESENT slot says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
+The ERROR slot set means "this rank's lossguard failed": the row carries nothing else (every slot NaN).
+
+`encode` builds the vector on the communication device without a host sync (values may be 0-d tensors);
+`decode` turns one gathered row (Python floats) back into signals and data. `decode(encode(x)) == x`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR, PRESENT = range(9)
+NUM_BASE = 9
+# Bits of the PRESENT slot: which optional signals this rank measured at this step.
+HAS_LOSS, HAS_LABELS, HAS_GRAD_NORM, HAS_SCALE, HAS_SKIPPED, HAS_PRINT, HAS_UPDATE, HAS_LR = (1 << i for i in range(8))
+
+# (slot, bit, signal name) of the single-value optional signals.
+_SCALARS = ((GRAD_NORM, HAS_GRAD_NORM, "grad_norm"), (LOSS_SCALE, HAS_SCALE, "loss_scale"),
+            (SKIPPED, HAS_SKIPPED, "skipped_steps"))
+
+
+@dataclass
+class StepValues:
+    """One rank's measurements for one step; None (or an empty list) means not measured."""
+
+    raw_loss: Any = None
+    num_label_tokens: Any = None
+    min_label_tokens: Any = None
+    grad_norm: Any = None
+    loss_scale: Any = None
+    skipped_steps: Any = None
+    param_fingerprint: Any = None
+    lrs: list[Any] = field(default_factory=list)
+    update_ratios: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The vector's shape for one run: how many learning rates and which module groups."""
+
+    num_lr: int
+    groups: tuple[str, ...]
+
+    @property
+    def length(self) -> int:
+        return NUM_BASE + self.num_lr + len(self.groups)
+
+    def encode(self, values: StepValues, device: torch.device) -> torch.Tensor:
+        slots: list[Any] = [math.nan] * self.length
+        present = 0
+        if values.raw_loss is not None:
+            slots[RAW_LOSS] = values.raw_loss
+            present |= HAS_LOSS
+        if values.num_label_tokens is not None:
+            slots[LABELS], slots[MIN_LABELS] = values.num_label_tokens, values.min_label_tokens
+            present |= HAS_LABELS
+        for slot, bit, name in _SCALARS:
+            value = getattr(values, name)
+            if value is not None:
+                slots[slot] = value
+                present |= bit
+        if values.lrs:
+            for i, lr in enumerate(values.lrs[: self.num_lr]):
+                slots[NUM_BASE + i] = lr
+            present |= HAS_LR
+        if values.param_fingerprint is not None:
+            slots[FINGERPRINT] = values.param_fingerprint
+            present |= HAS_PRINT
+        if values.update_ratios is not None:
+            for i, ratio in enumerate(values.update_ratios):
+                slots[NUM_BASE + self.num_lr + i] = ratio
+            present |= HAS_UPDATE
+        slots[ERROR] = 0.0
+        slots[PRESENT] = float(present)
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device).reshape(()) for v in slots])
+
+    def error_vector(self, device: torch.device) -> torch.Tensor:
+        vector = torch.full((self.length,), math.nan, dtype=torch.float64, device=device)
+        vector[ERROR] = 1.0
+        return vector
+
+    def decode(self, row: list[float]) -> tuple[dict[str, float], dict[str, Any]]:
+        """(signals, data) of one gathered row; `data` holds the per-group detail behind `lr`/`update_ratio`."""
+        present = int(row[PRESENT])
+        signals: dict[str, float] = {}
+        data: dict[str, Any] = {}
+        if present & HAS_LOSS:
+            signals["raw_loss"] = signals["loss"] = row[RAW_LOSS]
+        if present & HAS_LABELS:
+            signals["num_label_tokens"], signals["min_label_tokens"] = row[LABELS], row[MIN_LABELS]
+        for slot, bit, name in _SCALARS:
+            if present & bit:
+                signals[name] = row[slot]
+        if present & HAS_LR:
+            lrs = row[NUM_BASE: NUM_BASE + self.num_lr]
+            signals["lr"] = lrs[0]
+            data["lr_groups"] = lrs
+        if present & HAS_PRINT:
+            signals["param_fingerprint"] = row[FINGERPRINT]
+        if present & HAS_UPDATE:
+            ratios = row[NUM_BASE + self.num_lr:]
+            finite = [r for r in ratios if math.isfinite(r)]
+            signals["update_ratio"] = max(finite) if finite else math.nan
+            data["update_ratio_groups"] = dict(zip(self.groups, ratios))
+        return signals, data
+
+
+def failed(row: list[float]) -> bool:
+    """The sending rank's lossguard failed (its row carries no signals)."""
+    return bool(row[ERROR])

@@ -1,0 +1,187 @@
+"""The one way lossguard runs a training job (probe arms, zoo scenarios, the demo) and leaves nothing behind.
+
+A `Job` is a command started in its own session, its combined stdout+stderr going byte for byte to a log
+file. However the job ends (it exits, it overstays its deadline, the caller raises, lossguard itself is told
+to stop), every process of the job is sent SIGTERM, then SIGKILL after a grace period, until none lives.
+
+"Every process of the job" is its process group plus every process carrying the job's token in its
+environment (`LOSSGUARD_JOB`, inherited by everything the job forks). The group alone is not enough:
+torchrun starts each rank in a session of its own, so a launcher killed on its own, or a group signalled
+without the launcher's help, leaves ranks training on, orphaned.
+
+The caller's own termination is covered too: every running job is registered, `atexit` stops them all,
+and `stop_jobs_on_signals()` (used by the CLI commands and the bench scripts) turns SIGTERM / SIGHUP /
+SIGINT into "stop every job, then exit".
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+TERM_GRACE_S = 10.0  # torchrun forwards SIGTERM to its ranks and waits for them: give it that time
+KILL_GRACE_S = 5.0
+_GONE_POLL_S = 0.1
+JOB_ENV = "LOSSGUARD_JOB"  # the token every process of a job inherits
+
+_running: set[Job] = set()
+_running_lock = threading.RLock()  # re-entrant: the signal handler may run while this thread holds it
+
+
+class Job:
+    """A command running in its own session, its output in `log_path`."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, *,
+                 term_grace_s: float = TERM_GRACE_S) -> None:
+        self.argv = argv
+        self.term_grace_s = term_grace_s
+        self.log_path = Path(log_path)
+        self.start_s = time.monotonic()
+        self.timed_out = False
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        env = {**(os.environ if env is None else env), JOB_ENV: self.token}
+        with open(self.log_path, "wb") as log:
+            # start_new_session: the job gets a process group of its own, away from the caller's terminal.
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pgid = self.proc.pid
+        with _running_lock:
+            _running.add(self)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.start_s
+
+    def wait(self, timeout_s: float, *, on_tick: Callable[[float], None] | None = None,
+             tick_s: float = 0.5) -> int:
+        """Wait for the launcher to exit (or `timeout_s`, then stop the job); `on_tick(elapsed_s)` runs
+        every `tick_s` meanwhile. Whatever of the job the launcher left running is stopped too."""
+        while True:
+            try:
+                self.proc.wait(timeout=tick_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if on_tick is not None:
+                on_tick(self.elapsed_s)
+            if self.elapsed_s > timeout_s:
+                self.timed_out = True
+                break
+        self.stop()
+        return self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM every process of the job, SIGKILL what outlives the grace period; returns once none of
+        it lives (or, for a process stuck in the kernel, after both grace periods)."""
+        try:
+            for sig, grace_s in ((signal.SIGTERM, self.term_grace_s), (signal.SIGKILL, KILL_GRACE_S)):
+                pids = self.members()
+                if not pids:
+                    return
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pgid, sig)
+                for pid in pids:  # the ranks in sessions of their own
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+                if self._wait_gone(grace_s):
+                    return
+        finally:
+            self.proc.poll()  # reap the launcher if it is done
+            with _running_lock:
+                _running.discard(self)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def members(self) -> list[int]:
+        """The live (not zombie) processes of this job."""
+        self.proc.poll()  # a launcher that exited but was not reaped is a zombie: not alive
+        return job_members(self.pgid, self.token)
+
+    def _wait_gone(self, grace_s: float) -> bool:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not self.members():
+                return True
+            time.sleep(_GONE_POLL_S)
+        return not self.members()
+
+
+def job_members(pgid: int, token: str) -> list[int]:
+    """Live (not zombie) processes in process group `pgid` or with `LOSSGUARD_JOB=token` in their environment."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():  # no procfs (macOS): signal 0 tells whether the group has a member left
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    marker = f"{JOB_ENV}={token}".encode()
+    members = []
+    for entry in proc_dir.iterdir():
+        if entry.name.isdigit() and _is_member(entry, pgid, marker):
+            members.append(int(entry.name))
+    return members
+
+
+def _is_member(entry: Path, pgid: int, marker: bytes) -> bool:
+    try:
+        stat = (entry / "stat").read_text()
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]  # after "(comm)", which may hold spaces
+        if state == "Z":
+            return False
+        if int(pgrp) == pgid:
+            return True
+        return marker in (entry / "environ").read_bytes().split(b"\0")
+    except (OSError, ValueError):  # exited while we looked, or another user's process
+        return False
+
+
+def stop_all_jobs() -> None:
+    """Stop every job this process started that is still running."""
+    with _running_lock:
+        jobs = list(_running)
+    for job in jobs:
+        job.stop()
+
+
+atexit.register(stop_all_jobs)
+
+
+@contextlib.contextmanager
+def stop_jobs_on_signals() -> Iterator[None]:
+    """While inside: SIGTERM, SIGHUP or SIGINT stops every running job, then exits (128 + the signal's
+    number; SIGINT raises KeyboardInterrupt as usual). Without this, a killed caller would orphan its jobs,
+    which run in their own sessions and never see the terminal's or the caller's signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; atexit and the jobs' own cleanup still apply
+        return
+    signals = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def handler(signum: int, _frame: object) -> None:
+        stop_all_jobs()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,80 @@
+"""Before a job starts: can the interpreter that will run its ranks import what the job needs?
+
+A missing piece found here is one line and exit 2; found later it is a traceback from a rank, or worse an
+auto-attached guard that silently never attaches. The check asks the job's own interpreter, with the job's
+own environment, so a `--cmd` that runs another virtualenv's `torchrun` is checked where it runs. It only
+looks the modules up (`importlib.util.find_spec`), it imports nothing: a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# What the built-in jobs (zoo scenarios, the demo, probe's tiny model) import in every rank.
+TRAINING_STACK = ("torch", "deepspeed", "transformers", "accelerate")
+# What a user's own `probe --cmd` job needs at least for the auto-attached guard to work.
+USER_JOB_STACK = ("torch", "deepspeed")
+INSTALL_HINT = "pip install 'lossguard[train]'"
+_FIND = ("import importlib.util, sys; "
+         "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+
+
+class MissingPiece(Exception):
+    """What is missing, for which interpreter, and what to install; the CLI shows it as one line, exit 2."""
+
+
+def missing_modules(python: str, modules: tuple[str, ...], env: dict[str, str] | None = None) -> list[str]:
+    """The `modules` that `python` (run with `env`) cannot find."""
+    try:
+        proc = subprocess.run([python, "-c", _FIND, *modules], env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MissingPiece(f"cannot run the job's python {python}: {exc}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MissingPiece(f"the job's python {python} failed to start ({last})")
+    return proc.stdout.split()
+
+
+def check_job_stack(what: str, python: str = sys.executable, env: dict[str, str] | None = None,
+                    modules: tuple[str, ...] = TRAINING_STACK) -> None:
+    """Raise `MissingPiece` naming what `python` lacks to run `what` (lossguard itself included)."""
+    missing = missing_modules(python, (*modules, "lossguard"), env)
+    if not missing:
+        return
+    stack = [m for m in missing if m != "lossguard"]
+    parts = []
+    if stack:
+        parts.append(f"{', '.join(stack)} (install the training extra: {INSTALL_HINT})")
+    if "lossguard" in missing:
+        parts.append("lossguard itself (install lossguard into that environment)")
+    where = f"this python ({python})" if python == sys.executable else f"the job's python {python}"
+    raise MissingPiece(f"{what} needs {' and '.join(parts)}, which {where} cannot import")
+
+
+def interpreter_of(argv: list[str], env: dict[str, str] | None = None) -> str | None:
+    """The Python that `argv` runs: argv[0] itself when it is a python, else the one its script's `#!` line
+    names (torchrun, deepspeed, accelerate are such scripts); None when it cannot be told."""
+    if not argv:
+        return None
+    path = (env or os.environ).get("PATH")
+    exe = shutil.which(argv[0], path=path)
+    if exe is None:
+        return None
+    if Path(exe).name.startswith("python"):
+        return exe
+    try:
+        with open(exe, "rb") as handle:
+            first = handle.readline(512).decode(errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!") or "python" not in first:
+        return None
+    words = first[2:].split()
+    if Path(words[0]).name == "env" and len(words) > 1:  # "#!/usr/bin/env python3"
+        return shutil.which(words[-1], path=path)
+    return words[0] if os.access(words[0], os.X_OK) else None

@@ -1,0 +1,158 @@
+"""The generic metric reader: any line with a loss-like name next to a number.
+
+Format parsers (HF dicts, DeepSpeed, Megatron, mmengine) know things only they can know. Everything else
+users paste (torchtune / Lightning / NeMo progress bars, `Epoch 1, Step 5, Loss: 0.97`, fairseq's
+`| loss 9.80 |`, DeepSpeed-Chat's `step: 3|act_loss: 30.9`, JSON with full-width punctuation, a bare
+`tensor(nan, device='cuda:0')` printed by `print(loss)`) is read here, so that support does not depend
+on a whitelist of tools. One regex finds every `name <sep> number` pair and every `i/N` progress counter
+of a line; the pairs are then grouped into segments (a line holding several progress-bar redraws or
+several dicts gives one segment each) and each segment becomes at most one record.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from lossguard.core.signals import canonical
+
+_NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity)?"
+# A `name <sep> value` pair (`k: v`, `k=v`, `k v`, `| k | v`, `'k': 'v'`, `k=tensor(v, ...)`, `k=[v, ...]`)
+# or a progress counter `i/N` (tqdm's `26/101 [`, mmengine-like `[1480/1504]`).
+TOKEN = re.compile(
+    rb"(?<![\w./])(\d+) ?/ ?(\d+)(?![\w./])"
+    rb"|([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
+    rb"(" + _NUMBER + rb")(?![\w.])['\"]?(?:\s*/\s*(\d+))?")
+# tqdm's `[elapsed<remaining, rate, postfix]` closes one progress-bar redraw: what follows is another line.
+TQDM_END = re.compile(rb"\[[\d:?]+<[^\]]*\]")
+# torchtune's progress description `epoch|step|Loss: x`.
+PIPE_STEP = re.compile(rb"(?<![\w.|])\d+\|(\d+)\|(?=[A-Za-z])")
+# `print(loss)` in a custom loop: the line is the loss tensor and nothing else.
+BARE_TENSOR = re.compile(rb"\s*tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)\s*")
+# A word before the first pair that says the line is an evaluation (fairseq `| valid |`, `Validation:`).
+EVAL_MODE = re.compile(rb"(?i)(?<![\w/])(?:valid|validation|eval|evaluation|val)(?![\w/])")
+# Full-width punctuation (pasted through a Chinese IME or forum): JSON with “”：，
+_FULLWIDTH = ((b"\xe2\x80\x9c", b'"'), (b"\xe2\x80\x9d", b'"'), (b"\xef\xbc\x9a", b":"), (b"\xef\xbc\x8c", b","))
+
+# Roles of a name. Loss-like names rank: a name that says "train" (reduced_train_loss, Train loss) beats a
+# bare `loss` (Lightning's progress-bar `loss` is a display running mean), which beats other *loss names
+# (closs, act_loss, nll_loss: the first of those on the line wins).
+_SKIP, _SIGNAL, _LOSS, _EVAL_LOSS, _STEP, _EPOCH = range(6)
+_STEP_NAMES = {"step", "steps", "iter", "iteration", "global_step", "global step", "num_updates", "current_steps",
+               "train/global_step", "trainer/global_step", "global_steps"}
+_EPOCH = re.compile(r"(?:train(?:ing)?[ _/])?epoch")
+_ROLES: dict[bytes, tuple[int, str | None, int]] = {}
+
+
+def role_of(raw: bytes) -> tuple[int, str | None, int]:
+    """(role, signal name, loss rank) of a name, computed once per distinct name."""
+    found = _ROLES.get(raw)
+    if found is None:
+        found = _ROLES[raw] = _classify(raw.decode("utf-8", "replace").strip().lower())
+    return found
+
+
+def _classify(key: str) -> tuple[int, str | None, int]:
+    if key in _STEP_NAMES:
+        return _STEP, None, 0
+    if _EPOCH.fullmatch(key):
+        return _EPOCH, "epoch", 0
+    name = canonical(key)
+    if name == "loss":
+        return _LOSS, "loss", 0 if "train" in key else 1
+    if name == "eval_loss":
+        return _EVAL_LOSS, name, 0
+    if name is not None:
+        return _SIGNAL, name, 0
+    if "loss" not in key or "@" in key or "scale" in key or key.startswith("predict"):
+        return _SKIP, None, 0
+    if key.startswith(("eval", "val", "valid", "test")):
+        return _EVAL_LOSS, "eval_loss", 0
+    return _LOSS, "loss", 0 if "train" in key else 2
+
+
+@dataclass(slots=True)
+class Segment:
+    """What one progress-bar redraw, dict or line says: signals, and the step if it names one."""
+
+    signals: dict[str, float] = field(default_factory=dict)
+    step: int | None = None
+    counter: tuple[int, int] | None = None
+    epoch: int | None = None
+    loss_rank: int = 9
+    is_eval: bool = False
+    names: set[bytes] = field(default_factory=set)
+
+    def resolved_step(self) -> int | None:
+        if self.step is not None:
+            return self.step
+        if self.counter is None:
+            return None
+        index, total = self.counter
+        return index if self.epoch is None else self.epoch * total + index
+
+
+def read_line(line: bytes) -> list[Segment]:
+    """Segments of a line that hold a signal or a step; [] when the line names no metric."""
+    if b"\xe2\x80" in line or b"\xef\xbc" in line:
+        for wide, narrow in _FULLWIDTH:
+            line = line.replace(wide, narrow)
+    if b"tensor(" in line and (bare := BARE_TENSOR.fullmatch(line)):
+        return [Segment(signals={"loss": float(bare.group(1))})]
+    segments: list[Segment] = []
+    start = 0
+    for end in TQDM_END.finditer(line):
+        segments.extend(_segments(line, start, end.end()))
+        start = end.end()
+    segments.extend(_segments(line, start, len(line)))
+    return segments
+
+
+def _segments(line: bytes, start: int, end: int) -> list[Segment]:
+    out: list[Segment] = []
+    current = Segment()
+    first_pair = None
+    for match in TOKEN.finditer(line, start, end):
+        index, total, raw_key, raw_value, of_total = match.groups()
+        if raw_key is None:  # a progress counter: a second one is the next redraw
+            if current.counter is not None:
+                out.append(current)
+                current = Segment()
+            current.counter = (int(index), int(total))
+            continue
+        role, name, rank = role_of(raw_key)
+        if role == _SKIP:
+            continue
+        first_pair = match.start() if first_pair is None else first_pair
+        if raw_key in current.names or role == _STEP and current.step is not None:
+            out.append(current)  # the same name again: the next dict or progress-bar redraw
+            current = Segment()
+        current.names.add(raw_key)
+        _add(current, role, name, rank, float(raw_value), of_total)
+    out.append(current)
+    if first_pair is not None and EVAL_MODE.search(line, start, first_pair):
+        for segment in out:
+            segment.is_eval = True
+    pipe = PIPE_STEP.search(line, start, end)
+    if pipe and out[0].step is None:
+        out[0].step = int(pipe.group(1))
+    return [s for s in out if s.signals or s.step is not None]
+
+
+def _add(segment: Segment, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:
+    if role == _STEP:
+        if value != value or value < 0:  # a nan step is no step
+            return
+        if of_total is not None:  # `step 63/64`: a position within the epoch, like a progress counter
+            segment.counter = (int(value), int(of_total))
+        else:
+            segment.step = int(value)
+    elif role == _EPOCH:
+        if value.is_integer() and segment.epoch is None:  # `Epoch: [1] [1480/1504]`, `Epoch 4/150`
+            segment.epoch = int(value)
+        segment.signals.setdefault("epoch", value)
+    elif role == _LOSS:
+        if rank < segment.loss_rank:
+            segment.signals["loss"], segment.loss_rank = value, rank
+    else:
+        segment.signals.setdefault(name, value)
