@@ -3,7 +3,9 @@ falling to its floor, the LR frozen because DeepSpeed steps the scheduler only o
 
 The start-up calibration is benign: DeepSpeed starts at 2^16 (or 2^32) and halves the scale on the
 first steps until gradients fit. A storm is a streak of skips *after* steps have been applied, a
-scale driven below 2^8, or DeepSpeed's own "already at minimum".
+scale driven to 1 or below (DeepSpeed's `min_loss_scale` default; fairseq's scales go below 1), or
+DeepSpeed's own "already at minimum". Intermittent skips while training proceeds (a scale that settles
+at 8 with an overflow every other step and the loss still moving) are not a storm: the INFO finding.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
 from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
-_FLOOR_SCALE = 256.0
+_FLOOR_SCALE = 1.0  # DeepSpeed's min_loss_scale default: a scale at or under it cannot halve again
 
 
 @register
 class OverflowStorm(DetectorBase):
     """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
-    at its floor, an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
+    driven to 1 or below (or DeepSpeed's "already at minimum"), an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
     lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
     DeepSpeed steps the scheduler only on applied steps. Under bf16 (`check_grad_overflow` skips) the
     same storm is reported as `nonfinite`."""
@@ -156,7 +158,7 @@ class OverflowStorm(DetectorBase):
         if self._applied_any and self._streak >= _MID_RUN_STREAK:
             return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
                                                   "had started")
-        if self.lowest_scale is not None and self.lowest_scale < _FLOOR_SCALE:
+        if self.lowest_scale is not None and self.lowest_scale <= _FLOOR_SCALE:
             return self._fire(self._streak_since, f"loss scale driven down to {self.lowest_scale:g}")
         return []
 
