@@ -15,6 +15,7 @@ from lossguard.core.calm import SignalCounts
 from lossguard.core.detector import Detector
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Finding, Severity
+from lossguard.core.profile import LossProfile
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.series import SeriesBook
 
@@ -22,9 +23,8 @@ from lossguard.core.series import SeriesBook
 _CONTEXT_BEFORE = 6
 _CONTEXT_AFTER = 6
 _MAX_FINDINGS = 500  # per code; a dead run can raise one finding per step for a million steps
-# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one
-# `absorb` call per detector) is noise, small enough that a batch with one odd record sends few
-# records down the per-record path.
+# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one calm
+# test per detector and signal) is noise.
 _BATCH = 512
 
 
@@ -55,9 +55,10 @@ class Engine:
         # Handed in (lossguard.detectors.make_detectors() for the built-ins): core imports no detector.
         self.detectors = list(detectors)
         self.counts = SignalCounts()  # what detectors with `calm` read about the records they skip
+        self.profile = LossProfile()  # what the loss-trend detectors read (core/profile.py)
         for detector in self.detectors:
             if (bind := getattr(detector, "bind", None)) is not None:
-                bind(self.counts)
+                bind(self.counts, self.profile)
         self.facts = facts or RunFacts()
         self.stats = Stats()
         self.series = SeriesBook()
@@ -76,8 +77,11 @@ class Engine:
     def feed(self, record: Record) -> list[Finding]:
         self._start()
         self._account([record])
+        self.profile.reading = None
         if record.kind == TRAIN:
             self.counts.advance_record(record.rank, record.signals)
+            columns = {name: [value] for name, value in record.signals.items()}
+            self.profile.reading = self.profile.advance(record.rank, columns, [record.step], 0, 1).get(0)
         new = self._observe(record)
         if not (record.kind == EVENT and record.event == "facts"):
             self._keep([record], new)
@@ -142,9 +146,15 @@ class Engine:
         batch = Batch(records)
         self._account(records, batch.steps, batch.columns)
         routed = self._route_batch(batch)
+        readings = self.profile.advance(batch.rank, batch.columns, batch.steps, 0, len(records))
+        if readings:  # records the loss profile marked go to the detectors that read it
+            readers = {id(d) for d in self.detectors if getattr(d, "reads_profile", False)}
+            for index in readings:
+                routed.setdefault(index, set()).update(readers)
         done = 0
         for index in sorted(routed):  # in order, each record to the detectors it concerns
             self.counts.advance(batch.rank, batch.columns, done, index + 1)
+            self.profile.reading = readings.get(index)
             record = records[index]
             new = self._observe(record, only=routed[index])
             self._keep(records[done:index + 1], new)
@@ -156,21 +166,16 @@ class Engine:
 
     def _route_batch(self, batch: Batch) -> dict[int, set[int]]:
         """Record index -> ids of the detectors that must observe it: a detector with `calm` (core/calm.py)
-        gets the records that fail one of its tests; one with `absorb` every record when it declines."""
+        gets the records that fail one of its tests; one without, every record."""
         names = batch.columns.keys()
         routed: dict[int, set[int]] = {}
         for detector in self.detectors:
             wants = getattr(detector, "wants", None)
             if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
                 continue
-            calm, absorb = getattr(detector, "calm", None), getattr(detector, "absorb", None)
+            calm = getattr(detector, "calm", None)
             try:
-                if calm is not None:
-                    indices = _not_calm(calm, batch.columns)
-                elif absorb is not None and absorb(batch):
-                    continue
-                else:
-                    indices = range(len(batch.records))
+                indices = range(len(batch.records)) if calm is None else _not_calm(calm, batch.columns)
             except Exception as exc:  # as in `feed`: reported once, the detector switched off
                 self._collect([self._internal_error(detector, exc)])
                 continue

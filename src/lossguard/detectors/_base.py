@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 
 from lossguard.core.calm import SignalCounts
 from lossguard.core.findings import Finding, Severity
+from lossguard.core.profile import LossProfile
 
 S = TypeVar("S")
 
@@ -140,11 +141,14 @@ class DetectorBase:
     def __init__(self) -> None:
         self.fired: Finding | None = None
         self.count = 0
-        # The engine binds its own; alone (unit use) nothing advances it and every seq reads 0.
+        # The engine binds its own; alone (unit use) nothing advances them: every seq reads 0, no profile.
         self.counts = SignalCounts()
+        self.profile = LossProfile()
 
-    def bind(self, counts: SignalCounts) -> None:
+    def bind(self, counts: SignalCounts, profile: LossProfile | None = None) -> None:
         self.counts = counts
+        if profile is not None:
+            self.profile = profile
 
     def emit(self, message: str, step: int | None, rank: int | None = None, *,
              severity: Severity | None = None, signature: str | None = None, **data) -> list[Finding]:

@@ -10,8 +10,7 @@ at 8 with an overflow every other step and the loss still moving) are not a stor
 
 from __future__ import annotations
 
-from lossguard.core.batch import Batch, grows
-from lossguard.core.calm import finite, nonzero
+from lossguard.core.calm import nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
@@ -26,7 +25,9 @@ class OverflowStorm(DetectorBase):
     """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
     driven to 1 or below (or DeepSpeed's "already at minimum"), an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
     lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
-    DeepSpeed steps the scheduler only on applied steps. Under bf16 (`check_grad_overflow` skips) the
+    DeepSpeed steps the scheduler only on applied steps. It reads every train record of rank 0 and the
+    run-level log (an applied step ends a run of skips; the frozen-LR rule compares consecutive LRs), so it
+    declares no `calm`. Under bf16 (`check_grad_overflow` skips) the
     same storm is reported as `nonfinite`."""
 
     wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
@@ -75,33 +76,6 @@ class OverflowStorm(DetectorBase):
         if record.signals.get("loss") is not None and record.step != self._last_skip_step:
             self._applied(record)
         return self._frozen_lr(record)
-
-    def absorb(self, batch: Batch) -> bool:
-        if batch.rank not in (None, 0):
-            return self._last_skip_step not in batch.steps  # else `observe` keeps no state for them
-        skips = batch.present("skipped_steps")
-        if grows(skips, self._last_skipped_total):
-            return False  # a skipped step: judged one by one
-        losses, raws = batch.column("loss"), batch.column("raw_loss")
-        if 0.0 in losses or 0.0 in raws or not (
-                finite(losses) and finite(raws) and finite(batch.column("grad_norm"))):
-            return False  # a dead or dying log (the LR may be freezing): judged one by one
-        # Every loss is finite and non-zero, so no LR is freezing and every counted loss is an applied
-        # step. Once one was, `_applied_any` stays True and `_streak` 0 until the next skip.
-        skip_column = batch.column("skipped_steps")
-        if not (self._applied_any and self._streak == 0) and any(
-                (raw is not None or loss is not None) if skip is not None else
-                (loss is not None and step != self._last_skip_step)  # as `observe`: not the skipped step's own log
-                for step, skip, loss, raw in zip(batch.steps, skip_column, losses, raws)):
-            self._applied_any, self._streak = True, 0
-        # `_frozen_lr` runs for the logs without a skip counter that carry an LR.
-        lr_tail = [lr for skip, lr in zip(skip_column, batch.column("lr")) if skip is None and lr is not None]
-        if skips:
-            self._last_skipped_total = skips[-1]
-        if lr_tail:
-            self._frozen.count = 0
-            self._lrs = (self._lrs + lr_tail[-3:])[-3:]
-        return True
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow":
