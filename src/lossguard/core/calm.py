@@ -32,6 +32,11 @@ def finite_nonzero(column: list) -> bool:
     return 0.0 not in column and finite(column)
 
 
+def zero(column: list) -> bool:
+    """Every value is 0 or missing (a skipped-step count that never moved off 0)."""
+    return column.count(None) + column.count(0.0) == len(column)
+
+
 def absent(column: list) -> bool:
     """No record carries the signal."""
     return column.count(None) == len(column)
@@ -39,16 +44,17 @@ def absent(column: list) -> bool:
 
 class SignalCounts:
     """Per (rank, signal): how many train records carried the signal so far, the current one included,
-    and the last two values. Two records a detector saw are "in a row" for a signal when their counts
+    and the last three values. Two records a detector saw are "in a row" for a signal when their counts
     differ by one: calm records skipped between them still advanced the count. One definition of
     consecutive for all, and one update path (`advance`) for a run of records or a single one."""
 
-    __slots__ = ("_counts", "_last", "_before")
+    __slots__ = ("_counts", "_last", "_before", "_earlier")
 
     def __init__(self) -> None:
         self._counts: collections.Counter = collections.Counter()
         self._last: dict = {}
         self._before: dict = {}
+        self._earlier: dict = {}
 
     def seq(self, rank: int | None, name: str) -> int:
         return self._counts[(rank, name)]
@@ -61,12 +67,25 @@ class SignalCounts:
         """The value in the record counted before the latest (at `seq - 1`)."""
         return self._before.get((rank, name))
 
+    def earlier(self, rank: int | None, name: str) -> float | None:
+        """The value in the record counted two before the latest (at `seq - 2`)."""
+        return self._earlier.get((rank, name))
+
     def advance_record(self, rank: int | None, signals: dict[str, float]) -> None:
         self.advance(rank, {name: [value] for name, value in signals.items()}, 0, 1)
 
     def advance(self, rank: int | None, columns: dict[str, list], lo: int, hi: int) -> None:
         """Records lo..hi-1 of a run, from its columns (None where a record lacks the signal)."""
-        counts, last, before = self._counts, self._last, self._before
+        counts, last, before, earlier = self._counts, self._last, self._before, self._earlier
+        if hi - lo == 1:  # the common call (a routed record): the same update without slicing
+            for name, column in columns.items():
+                if (value := column[lo]) is not None:
+                    key = (rank, name)
+                    counts[key] += 1
+                    earlier[key] = before.get(key)
+                    before[key] = last.get(key)
+                    last[key] = value
+            return
         for name, column in columns.items():
             part = column[lo:hi]
             present = len(part) - part.count(None)
@@ -74,6 +93,7 @@ class SignalCounts:
                 continue
             key = (rank, name)
             counts[key] += present
-            tail = list(itertools.islice((value for value in reversed(part) if value is not None), 2))
-            before[key] = tail[1] if len(tail) > 1 else last.get(key)
-            last[key] = tail[0]
+            tail = list(itertools.islice((value for value in reversed(part) if value is not None), 3))
+            # Older values shift down by as many places as this part brought new ones (at most three).
+            older = [*tail, last.get(key), before.get(key), earlier.get(key)]
+            last[key], before[key], earlier[key] = older[0], older[1], older[2]

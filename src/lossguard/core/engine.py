@@ -71,6 +71,8 @@ class Engine:
         self._broken: set[str] = set()
         # (signal names, event) -> the detectors that want such a record; see `_route`.
         self._routes: dict[tuple, list[Detector]] = {}
+        # Detectors whose `calm` is a property of their state: re-read after each record they observe.
+        self._moody = {id(d) for d in self.detectors if isinstance(getattr(type(d), "calm", None), property)}
         self._started = False
 
     # -- feeding -------------------------------------------------------------------------------
@@ -145,14 +147,16 @@ class Engine:
         self._start()
         batch = Batch(records)
         self._account(records, batch.steps, batch.columns)
-        routed = self._route_batch(batch)
+        routed, used = self._route_batch(batch)
         readings = self.profile.advance(batch.rank, batch.columns, batch.steps, 0, len(records))
         if readings:  # records the loss profile marked go to the detectors that read it
             readers = {id(d) for d in self.detectors if getattr(d, "reads_profile", False)}
             for index in readings:
                 routed.setdefault(index, set()).update(readers)
         done = 0
-        for index in sorted(routed):  # in order, each record to the detectors it concerns
+        pending = collections.deque(sorted(routed))
+        while pending:  # in order, each record to the detectors it concerns
+            index = pending.popleft()
             self.counts.advance(batch.rank, batch.columns, done, index + 1)
             self.profile.reading = readings.get(index)
             record = records[index]
@@ -161,19 +165,23 @@ class Engine:
             if (kept := self._collect(new)) and on_findings is not None:
                 on_findings(record, kept)
             done = index + 1
+            if self._moody and routed[index] & self._moody:
+                pending = self._reroute(batch, routed, used, index, pending)
         self.counts.advance(batch.rank, batch.columns, done, len(records))
         self._keep(records[done:])
 
-    def _route_batch(self, batch: Batch) -> dict[int, set[int]]:
+    def _route_batch(self, batch: Batch) -> tuple[dict[int, set[int]], dict[int, dict | None]]:
         """Record index -> ids of the detectors that must observe it: a detector with `calm` (core/calm.py)
-        gets the records that fail one of its tests; one without, every record."""
+        gets the records that fail one of its tests; one without, every record. Also the `calm` each
+        detector was routed by (id -> calm)."""
         names = batch.columns.keys()
         routed: dict[int, set[int]] = {}
+        used: dict[int, dict | None] = {}
         for detector in self.detectors:
             wants = getattr(detector, "wants", None)
             if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
                 continue
-            calm = getattr(detector, "calm", None)
+            calm = used[id(detector)] = getattr(detector, "calm", None)
             try:
                 indices = range(len(batch.records)) if calm is None else _not_calm(calm, batch.columns)
             except Exception as exc:  # as in `feed`: reported once, the detector switched off
@@ -181,7 +189,28 @@ class Engine:
                 continue
             for index in indices:
                 routed.setdefault(index, set()).add(id(detector))
-        return routed
+        return routed, used
+
+    def _reroute(self, batch: Batch, routed: dict, used: dict, index: int, pending: collections.deque):
+        """A detector whose `calm` depends on its state (a property) may change it on a record it was
+        handed; calm records change no state, so until then the routing held. From the next record on, it
+        gets every record that fails its new `calm` (records already routed to it stay: observing a calm
+        record changes nothing). Returns the records left to visit."""
+        added: set[int] = set()
+        for detector in self.detectors:
+            key = id(detector)
+            if key not in self._moody or key not in routed[index]:
+                continue
+            calm = detector.calm
+            if calm is used[key]:
+                continue
+            used[key] = calm
+            rest = range(index + 1, len(batch.records))
+            fails = rest if calm is None else [i for i in sorted(_not_calm(calm, batch.columns)) if i > index]
+            for later in fails:
+                routed.setdefault(later, set()).add(key)
+                added.add(later)
+        return collections.deque(sorted(added.union(pending))) if added else pending
 
     def finish(self) -> EngineResult:
         new: list[Finding] = []

@@ -4,7 +4,7 @@ The engine advances it once per train record, on both of its paths (`feed` and t
 update loop (`LossProfile.advance`): count, baseline, minimum, head and tail, the run of repeated values,
 the gradient norm's mean, the run of tiny losses, and a running average that leaves spikes out. Where a
 record may concern a trend rule (it repeats the loss before it, it sits far above the run's start, a spike
-came back down, a run of repeats), the loop hands the engine a `Reading` of the profile at that record; the engine routes
+came back down, a run of repeats, an earlier stretch of losses again), the loop hands the engine a `Reading` of the profile at that record; the engine routes
 the record to the detectors that read that mark (`profile_mark`), which find the reading in
 `LossProfile.reading`. Every other train record costs the trend detectors nothing, and no detector keeps
 a copy of these statistics.
@@ -23,6 +23,11 @@ SPIKE_RECOVER_WITHIN = 5
 TINY = 0.01
 TINY_RELATIVE = 0.02
 _TINY_GRADS = 8
+# A recurrence (LOSS009): this many losses in a row must come back, in order, with at least _RECUR_DISTINCT
+# distinct values among them, so that a plateau printed at four decimals cannot produce one by chance.
+RECUR_LOGS = 6
+_RECUR_DISTINCT = 3
+_RECUR_REMEMBER = 65536  # windows remembered per rank: memory stays bounded on a million-line log
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +40,13 @@ class Reading:
     reference: float | None  # the lowest start-of-run loss a divergence is judged against (None: none)
     high: bool  # far above the reference
     spike: tuple[int | None, float, float] | None  # (step, value, x average) of a spike that came back down
+    recurs: int | None  # the last RECUR_LOGS losses repeat those that ended this many losses earlier
 
 
 class RankProfile:
     __slots__ = ("num", "baseline_sum", "baseline", "minimum", "ema", "first_step", "head", "tail",
                  "grad_sum", "grad_num", "repeat_value", "repeat_streak", "repeat_since", "spike_at",
-                 "spike_value", "spike_age", "tiny_since", "tiny_grads")
+                 "spike_value", "spike_age", "tiny_since", "tiny_grads", "window", "windows", "nonzero")
 
     def __init__(self) -> None:
         self.num = 0
@@ -57,6 +63,9 @@ class RankProfile:
         self.spike_value, self.spike_age = 0.0, 0
         self.tiny_since: int | None = None  # the run of logs under 2% of the first loss
         self.tiny_grads: set = set()
+        self.window: tuple[float, ...] = ()  # the last RECUR_LOGS non-zero losses
+        self.windows: dict[tuple[float, ...], int] = {}  # window -> its `nonzero` count where it ended
+        self.nonzero = 0
 
     def add(self, loss: float, step: int | None, grad: float | None) -> Reading | None:
         """One finite loss; a Reading when some trend rule must look at this record."""
@@ -80,11 +89,27 @@ class RankProfile:
         valid = math.isfinite(reference) and reference > 0
         high = valid and loss > max(2.0 * reference, reference + 2.0)
         spike = self._spike(loss, step)
+        recurs = self._recur(loss) if loss != 0.0 else None  # a zero loss is another rule's business
         self.minimum = min(self.minimum, loss)
-        if high or spike is not None or self.repeat_streak >= REPEAT_LOGS:
+        if high or spike is not None or recurs is not None or self.repeat_streak >= REPEAT_LOGS:
             return Reading(self.num, loss, (self.repeat_value, self.repeat_streak, self.repeat_since),
-                           reference if valid else None, high, spike)
+                           reference if valid else None, high, spike, recurs)
         return None
+
+    def _recur(self, loss: float) -> int | None:
+        """How many non-zero losses ago the last RECUR_LOGS of them (this one included) were seen before,
+        value for value and in order; None when they are new (or too uniform to tell)."""
+        self.nonzero += 1
+        window = (self.window + (loss,))[-RECUR_LOGS:]
+        self.window = window
+        if len(window) < RECUR_LOGS or len(set(window)) < _RECUR_DISTINCT:
+            return None
+        earlier = self.windows.get(window)
+        if earlier is None:
+            if len(self.windows) < _RECUR_REMEMBER:
+                self.windows[window] = self.nonzero
+            return None
+        return self.nonzero - earlier
 
     def _repeat(self, loss: float, step: int | None) -> None:
         """The run of logs at the same loss (within 0.01%). An exact 0.0 ends a run without starting one."""

@@ -10,7 +10,7 @@ at 8 with an overflow every other step and the loss still moving) are not a stor
 
 from __future__ import annotations
 
-from lossguard.core.calm import nonzero
+from lossguard.core.calm import finite, finite_nonzero, nonzero, zero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
@@ -18,6 +18,8 @@ from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
 _FLOOR_SCALE = 1.0  # DeepSpeed's min_loss_scale default: a scale at or under it cannot halve again
+# A record of this shape changes nothing once training has started and no run of skips is open.
+_QUIET = {"skipped_steps": zero, "loss": finite_nonzero, "raw_loss": finite_nonzero, "grad_norm": finite}
 
 
 @register
@@ -25,10 +27,11 @@ class OverflowStorm(DetectorBase):
     """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
     driven to 1 or below (or DeepSpeed's "already at minimum"), an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
     lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
-    DeepSpeed steps the scheduler only on applied steps. It reads every train record of rank 0 and the
-    run-level log (an applied step ends a run of skips; the frozen-LR rule compares consecutive LRs), so it
-    declares no `calm`. Under bf16 (`check_grad_overflow` skips) the
-    same storm is reported as `nonfinite`."""
+    DeepSpeed steps the scheduler only on applied steps. Until training has started, and while a run of
+    skips or of frozen LRs is open, it reads every train record (an applied step ends a run of skips);
+    otherwise it is `calm` about records with no skipped step, a finite non-zero loss and a finite gradient
+    norm, and reads the LRs and skip counts before a record from the engine's signal counts. Under bf16
+    (`check_grad_overflow` skips) the same storm is reported as `nonfinite`."""
 
     wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
     code = "SCALE001"
@@ -43,13 +46,18 @@ class OverflowStorm(DetectorBase):
         self._streak = 0
         self._streak_since: int | None = None
         self._last_skip_step: int | None = None
-        self._last_skipped_total: float | None = None
         self.calibration_skips = 0
         self.midrun_skips = 0
         self.lowest_scale: float | None = None
         self._bf16: bool | None = None
-        self._lrs: list[float] = []  # the last few logged LRs (rank 0 / run level)
         self._frozen = Streak()  # logs with the LR frozen while the gradients are non-finite
+
+    @property
+    def calm(self) -> dict | None:
+        """Quiet (training started, no run of skips or frozen LRs open): such a record changes nothing here."""
+        if self._applied_any and self._streak == 0 and self._frozen.count == 0:
+            return _QUIET
+        return None
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -65,9 +73,8 @@ class OverflowStorm(DetectorBase):
             return []
         skipped = record.signals.get("skipped_steps")
         if skipped is not None:
-            grew = self._last_skipped_total is not None and skipped > self._last_skipped_total
-            grew = grew or bool(record.data.get("step_skipped"))
-            self._last_skipped_total = skipped
+            before = self.counts.previous(record.rank, "skipped_steps")  # the calm records' counts too
+            grew = (before is not None and skipped > before) or bool(record.data.get("step_skipped"))
             if grew and record.step != self._last_skip_step:
                 return self._skip(record.step, record, record.signals.get("loss_scale"))
             if not grew:
@@ -94,11 +101,12 @@ class OverflowStorm(DetectorBase):
         lr, grad, loss = record.signals.get("lr"), record.signals.get("grad_norm"), record.signals.get("loss")
         if lr is None:
             return []
-        was_moving = len(self._lrs) >= 2 and self._lrs[-1] != self._lrs[-2]
+        # The two LRs logged before this one, calm records' included (the engine counts every record).
+        last, earlier = self.counts.previous(record.rank, "lr"), self.counts.earlier(record.rank, "lr")
+        was_moving = last is not None and earlier is not None and last != earlier
         bad = is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss)
-        frozen = bad and bool(self._lrs) and lr == self._lrs[-1] and (was_moving or self._frozen.count > 0)
-        self._frozen.update(frozen, record.step)
-        self._lrs = (self._lrs + [lr])[-3:]
+        frozen = bad and lr == last and (was_moving or self._frozen.count > 0)
+        self._frozen.update(frozen, record.step, self.counts.seq(record.rank, "lr"))
         if self._frozen.count >= _MID_RUN_STREAK:
             return self._fire(self._frozen.since, f"the learning rate froze at {lr:g} from step "
                                                   f"{self._frozen.since} while the gradient norm is {grad}: "

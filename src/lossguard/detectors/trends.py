@@ -20,7 +20,7 @@ _FLAT_FROM_START = 100  # only judge logs that start at the beginning of trainin
 _TINY_GRAD_PER_LOSS = 0.02
 
 
-class _TrendDetector(DetectorBase):
+class TrendDetector(DetectorBase):
     """A loss trend: `judge` decides on the reading of a record the profile marked."""
 
     wants = frozenset({"loss", "raw_loss"})
@@ -38,7 +38,7 @@ class _TrendDetector(DetectorBase):
 
 
 @register
-class LossNotLearning(_TrendDetector):
+class LossNotLearning(TrendDetector):
     """LOSS004: the loss does not move: the same value log after log, or (over a whole run logged from
     its start) less than 1% between the first and the last logs. A flat run with a tiny gradient norm
     is LOSS008 (`no-grad-flow`) instead."""
@@ -110,7 +110,7 @@ class LossFlatTinyGrad(LossNotLearning):
 
 
 @register
-class LossDivergence(_TrendDetector):
+class LossDivergence(TrendDetector):
     """LOSS005: the loss climbs far above where it started (over twice the lowest of the first logs and
     the minimum so far, and 2 above it) and stays there."""
 
@@ -136,7 +136,7 @@ class LossDivergence(_TrendDetector):
 
 
 @register
-class LossSpike(_TrendDetector):
+class LossSpike(TrendDetector):
     """LOSS006: an isolated loss spike (3x the running average) that comes back down within five logs."""
 
     code = "LOSS006"
