@@ -6,7 +6,9 @@ a record lacks the signal) and answers for all of it at C speed, so the engine c
 records with one call per signal and route only the records that fail a test to the detector's
 `observe`. There is no second code path to keep in step: a detector with `calm` is written so that
 skipping its calm records cannot change what it reports; what it must know about them (how many came
-between two records it saw) it reads from the `SignalCounts` the engine binds to it.
+between two records it saw) it reads from the `SignalCounts` the engine binds to it. `calm` may be a
+property of the detector's state (None: every record); since a calm record changes no state, the engine
+re-reads it only after a record it routed to that detector.
 """
 
 from __future__ import annotations
