@@ -76,8 +76,11 @@ def lint(config: str, training_args: str | None, cmd: str | None, env_file: str 
       lossguard lint ds_zero2.json --cmd "deepspeed --num_gpus 8 train.py --deepspeed ds_zero2.json --bf16 True"
       lossguard lint ds_zero2.json --env pip-freeze.txt --fix
     """
-    from lossguard.lint.api import fix_document, lint_context, run_rules
+    import contextlib
+
+    from lossguard.lint.api import lint_context, run_rules
     from lossguard.lint.document import ConfigError, read_document
+    from lossguard.lint.quiet import stdout_to_stderr
     from lossguard.lint.report import render, summary
 
     try:
@@ -90,28 +93,13 @@ def lint(config: str, training_args: str | None, cmd: str | None, env_file: str 
     versions = _versions(env_file)
     sel, ign = _split(select), _split(ignore)
     options = {"deepspeed_schema": deepspeed_schema}
-    data = doc.data
-    if do_fix or unsafe_fixes:
-        result = fix_document(doc, {"training_args": args, "env": versions, "options": options},
-                              unsafe=unsafe_fixes, select=sel, ignore=ign)
-        for warning in result.warnings:
-            click.echo(f"lossguard: warning: {warning}", err=True)
-        target = output or config
-        if result.applied or output:
-            try:
-                with open(target, "w", encoding="utf-8") as fh:
-                    fh.write(result.text)
-            except OSError as exc:
-                raise UserError(f"{target}: cannot write the fixed config ({exc.strerror})") from None
-        codes = ", ".join(sorted({f.code for f in result.applied})) or "none"
-        click.echo(f"lossguard: applied {len(result.applied)} fix(es) ({codes}); wrote {target}"
-                   if result.applied or output else "lossguard: nothing to fix", err=True)
-        data = result.data
-        from lossguard.lint.document import parse_text
-
-        doc = parse_text(result.text, doc.source, doc.fmt)
-    ctx = lint_context(data, args, versions, source=config, options=options)
-    findings = run_rules(ctx, sel, ign)
+    # Machine-readable stdout is only the report: whatever a dependency prints while rules run goes to stderr.
+    guard = stdout_to_stderr() if fmt != "human" else contextlib.nullcontext()
+    with guard:
+        if do_fix or unsafe_fixes:
+            doc = _apply_fixes(doc, config, output, args, versions, options, unsafe_fixes, sel, ign)
+        ctx = lint_context(doc.data, args, versions, source=config, options=options)
+        findings = run_rules(ctx, sel, ign)
     lines = {id(f): (doc.line_of(tuple(f.location.split("."))) if f.location and not f.location.startswith(("args.", "env."))
                      else None) for f in findings}
     color = fmt == "human" and sys.stdout.isatty()
@@ -125,6 +113,29 @@ def lint(config: str, training_args: str | None, cmd: str | None, env_file: str 
         threshold = Severity.parse(fail_on)
         if any(f.severity >= threshold for f in findings):
             sys.exit(1)
+
+
+def _apply_fixes(doc: Any, config: str, output: str | None, args: dict[str, Any] | None, versions: dict[str, str],
+                 options: dict[str, Any], unsafe: bool, sel: list[str], ign: list[str]) -> Any:
+    """Run the fix loop, write the fixed config, and return the fixed document to lint again."""
+    from lossguard.lint.api import fix_document
+    from lossguard.lint.document import parse_text
+
+    result = fix_document(doc, {"training_args": args, "env": versions, "options": options},
+                          unsafe=unsafe, select=sel, ignore=ign)
+    for warning in result.warnings:
+        click.echo(f"lossguard: warning: {warning}", err=True)
+    target = output or config
+    if result.applied or output:
+        try:
+            with open(target, "w", encoding="utf-8") as fh:
+                fh.write(result.text)
+        except OSError as exc:
+            raise UserError(f"{target}: cannot write the fixed config ({exc.strerror})") from None
+    codes = ", ".join(sorted({f.code for f in result.applied})) or "none"
+    click.echo(f"lossguard: applied {len(result.applied)} fix(es) ({codes}); wrote {target}"
+               if result.applied or output else "lossguard: nothing to fix", err=True)
+    return parse_text(result.text, doc.source, doc.fmt)
 
 
 @click.command("rules")

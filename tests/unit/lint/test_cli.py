@@ -149,3 +149,22 @@ def test_lint_never_imports_torch(clean_config, env_file):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert proc.returncode == 0
     assert not imported & {"torch", "deepspeed", "transformers", "rich", "numpy"}
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif", "github"])
+def test_machine_formats_stdout_is_only_the_report_with_deepspeed_schema(fmt, tmp_path):
+    """DeepSpeed's import prints its accelerator line; with --deepspeed-schema stdout must still parse."""
+    pytest.importorskip("deepspeed")
+    cfg = tmp_path / "typo.json"
+    cfg.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comn": True}}))
+    proc = run("lint", str(cfg), "--deepspeed-schema", "--format", fmt, "--fail-on", "never")
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "github":
+        lines = proc.stdout.splitlines()
+        assert lines and all(line.startswith("::") for line in lines), proc.stdout
+        assert any("DSC002" in line for line in lines)
+        return
+    report = json.loads(proc.stdout)
+    codes = ([f["code"] for f in report] if fmt == "json"
+             else [r["ruleId"] for r in report["runs"][0]["results"]])
+    assert "DSC002" in codes

@@ -280,11 +280,14 @@ class DeepSpeedSchema(Rule):
             config.pop("train_batch_size", None)  # DeepSpeed derives it for its own world size (DSC111 checks)
         if not any(k in config for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
             config["train_micro_batch_size_per_gpu"] = 1
+        from lossguard.lint.quiet import stdout_to_stderr
+
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
         try:
-            from deepspeed.runtime.config import DeepSpeedConfig
+            with stdout_to_stderr():  # DeepSpeed's import and validation print; stdout is the report
+                from deepspeed.runtime.config import DeepSpeedConfig
 
-            DeepSpeedConfig(config)
+                DeepSpeedConfig(config)
         except Exception as exc:  # DeepSpeed raises ValidationError, AssertionError, ValueError...
             first = " ".join(str(exc).split())[:400]
             yield self.finding(ctx, f"DeepSpeed rejects the config: {type(exc).__name__}: {first}", "")
