@@ -285,6 +285,8 @@ def parse_command(cmd: str, trust_pickle: bool = False) -> dict[str, Any]:
     if raw.get("framework"):
         out["framework"] = raw["framework"]
     out["launcher"] = launcher
+    if launcher == "accelerate" and opts.get("config_file"):
+        out["accelerate_config"] = opts["config_file"]  # lint follows it to the DeepSpeed config (lint/routes.py)
     return out
 
 

@@ -19,7 +19,8 @@ Path = tuple[str, ...]
 _MISSING = object()
 __all__ = ["LAUNCH_KEYS", "LintContext", "as_bool", "as_number", "dtype_name", "get_in", "split"]
 # Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
-LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes"})
+LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes", "accelerate_config",
+                         "mixed_precision"})
 
 
 def split(path: str | Path) -> Path:
@@ -101,6 +102,9 @@ class LintContext:
         value = self.ds.precision_written(kind)
         if value is not None and value != "auto":
             return as_bool(value)
+        launch = self.arg("mixed_precision")  # accelerate's mixed_precision adds the section (or fills "auto")
+        if launch is not None and not (self.hf_args and kind in self.args):
+            return launch == kind
         if self.hf_args and kind in self.args:
             return bool(self.args[kind])
         if value == "auto":

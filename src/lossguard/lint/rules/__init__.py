@@ -14,6 +14,7 @@ from lossguard.lint.rules.config import (
     ConfigTypes,
     DeepSpeedSchema,
     HfMismatch,
+    RouteUnread,
     WarmupExceedsRun,
 )
 from lossguard.lint.rules.precision import (
@@ -34,7 +35,7 @@ from lossguard.lint.rules.versions import (
 from lossguard.lint.rules.zero import AutoBucketOverlap, CommDtypeFp32, MultiRankBucketAllreduce, OverlapComm
 
 RULES: tuple[type[Rule], ...] = tuple(sorted((
-    ConfigTypes, DeepSpeedSchema,
+    ConfigTypes, DeepSpeedSchema, RouteUnread,
     OverlapComm, CommDtypeFp32, AutoBucketOverlap, MultiRankBucketAllreduce,
     Bf16OverflowCheck, Zero3Bf16NoOverflowCheck, Fp16AndBf16, Fp16NoClipping, Fp16OnBf16Model, Bf16SkipsInvisible,
     BatchArithmetic, HfMismatch, AutoUnresolved, WarmupExceedsRun,

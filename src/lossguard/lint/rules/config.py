@@ -332,3 +332,31 @@ class DeepSpeedSchema(Rule):
         except Exception as exc:  # DeepSpeed raises ValidationError, AssertionError, ValueError...
             first = " ".join(str(exc).split())[:400]
             yield self.finding(ctx, f"DeepSpeed rejects the config: {type(exc).__name__}: {first}", "")
+
+
+class RouteUnread(Rule):
+    """The accelerate YAML names a DeepSpeed config file that cannot be read from here.
+
+    What: `deepspeed_config.deepspeed_config_file` is resolved relative to the YAML; when it is missing or
+    unreadable, lint checks only what accelerate would build from the YAML's other keys, and says so rather
+    than reporting a clean run. accelerate itself stops at start-up when the file is missing.
+
+    Fix: run lint where the file is, or pass the DeepSpeed JSON itself.
+    """
+
+    code = "DSC003"
+    name = "config.route-unread"
+    severity = Severity.WARNING
+    summary = "the DeepSpeed config file an accelerate YAML names cannot be read; only the YAML was checked"
+    evidence = ("https://huggingface.co/docs/accelerate/usage_guides/deepspeed",)
+    examples = (
+        Example({"zero_optimization": {"stage": 2}}, valid=False,
+                options={"route_unread": "acc.yaml: deepspeed_config.deepspeed_config_file names ds.json, "
+                                         "which cannot be read: ds.json: no such file; check the path"}),
+        Example({"zero_optimization": {"stage": 2}}, valid=True),
+    )
+
+    def check(self, ctx: LintContext) -> Iterable[Finding]:
+        why = ctx.options.get("route_unread")
+        if why:
+            yield self.finding(ctx, f"{why}; checked only the keys accelerate builds from the YAML", "")
