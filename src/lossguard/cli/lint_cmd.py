@@ -65,9 +65,12 @@ def _versions(env_file: str | None) -> dict[str, str]:
 @click.option("--fail-on", type=click.Choice(_FAIL_ON), default="warning", show_default=True,
               help="Exit 1 when a finding has at least this severity.")
 @click.option("--deepspeed-schema", is_flag=True, help="Also validate with the installed DeepSpeed (imports torch: slow).")
+@click.option("--show", "show", type=click.Choice(["info"]), default=None,
+              help="List info findings in the human report (by default they are summarised in one line).")
 def lint(config: str | None, training_args: str | None, cmd: str | None, env_file: str | None, world_size: int | None,
          trust_pickle: bool, do_fix: bool, unsafe_fixes: bool, output: str | None, fmt: str,
-         select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, deepspeed_schema: bool) -> None:
+         select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, deepspeed_schema: bool,
+         show: str | None) -> None:
     """Check a DeepSpeed config (JSON/YAML) with its training arguments and package versions.
 
     \b
@@ -104,7 +107,7 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
         findings = run_rules(ctx, sel, ign)
     lines = {id(f): _line(doc, f.location) if not route.synthesized else None for f in findings}
     color = fmt == "human" and sys.stdout.isatty()
-    text = render(findings, fmt, route.shown, lines, color=color)
+    text = render(findings, fmt, route.shown, lines, color=color, show_info=show == "info")
     click.echo(text, nl=False)
     if fmt != "human" and findings:
         click.echo(f"lossguard: {summary(findings)}", err=True)

@@ -20,7 +20,13 @@ _MISSING = object()
 __all__ = ["LAUNCH_KEYS", "LintContext", "as_bool", "as_number", "dtype_name", "get_in", "split"]
 # Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
 LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes", "accelerate_config",
-                         "mixed_precision"})
+                         "mixed_precision", "script"})
+# TrainingArguments fields that Megatron, pipeline and hand-written DeepSpeed scripts do not take under these
+# names: one of them in the arguments means the HF Trainer (or TRL / LLaMA-Factory / axolotl on top of it).
+TRAINER_KEYS = frozenset({"per_device_train_batch_size", "output_dir", "num_train_epochs", "logging_steps",
+                          "save_strategy", "eval_strategy", "evaluation_strategy", "lr_scheduler_type", "warmup_ratio",
+                          "save_steps", "report_to", "logging_nan_inf_filter", "max_grad_norm", "save_total_limit",
+                          "gradient_checkpointing_kwargs", "logging_dir", "remove_unused_columns", "overwrite_output_dir"})
 
 
 def split(path: str | Path) -> Path:
@@ -48,7 +54,24 @@ class LintContext:
     @property
     def hf_args(self) -> bool:
         """Training arguments are known (not just launch facts such as --world-size)."""
-        return bool(self.args) and bool(set(self.args) - LAUNCH_KEYS)
+        if not self.args or self.args.get("framework") == "megatron":  # Megatron: only its launch facts count
+            return False
+        return bool(set(self.args) - LAUNCH_KEYS)
+
+    @property
+    def hf_trainer(self) -> bool:
+        """The HF Trainer runs this config: a framework built on it, arguments only it takes, or (no arguments)
+        "auto" values, which only the HF integration fills. Megatron / pipeline configs have none of these."""
+        if self.arg("framework") in ("llamafactory", "axolotl", "megatron"):
+            return self.arg("framework") != "megatron"
+        if self.hf_args:
+            return bool(set(self.args or {}) & TRAINER_KEYS)
+        return _has_auto(self.raw)
+
+    @property
+    def via_accelerate(self) -> bool:
+        """accelerate builds the engine (HF Trainer or `accelerate launch`): it sets steps_per_print to infinity."""
+        return self.hf_trainer or self.arg("launcher") == "accelerate"
 
     @property
     def config(self) -> dict[str, Any]:
@@ -135,3 +158,9 @@ class LintContext:
 
     def bf16_section_path(self) -> Path:
         return ("bfloat16",) if "bfloat16" in self.raw and "bf16" not in self.raw else ("bf16",)
+
+
+def _has_auto(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_auto(v) for v in value.values())
+    return isinstance(value, str) and value.strip().lower() == "auto"

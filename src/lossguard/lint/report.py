@@ -26,26 +26,30 @@ def finding_dict(finding: Finding, line: int | None = None) -> dict[str, Any]:
         "line": line,
         "fix": finding.data.get("fix"),
         "evidence": finding.data.get("evidence", []),
+        "also": finding.data.get("also", []),  # codes of same-cause findings told inside this one
     }
 
 
-def render(findings: list[Finding], fmt: str, source: str, lines: dict[int, int | None], *, color: bool = False) -> str:
-    """`lines` maps id(finding) to its line in the config (None when not a config key)."""
+def render(findings: list[Finding], fmt: str, source: str, lines: dict[int, int | None], *, color: bool = False,
+           show_info: bool = True) -> str:
+    """`lines` maps id(finding) to its line in the config (None when not a config key). `show_info` False:
+    the human report lists info findings in one line (machine formats always carry every finding)."""
     if fmt == "json":
         return json.dumps([finding_dict(f, lines.get(id(f))) for f in findings], indent=2) + "\n"
     if fmt == "sarif":
         return json.dumps(_sarif(findings, source, lines), indent=2) + "\n"
     if fmt == "github":
         return "".join(_github(f, source, lines.get(id(f))) + "\n" for f in findings)
-    return _human(findings, source, lines, color)
+    return _human(findings, source, lines, color, show_info)
 
 
-def _human(findings: list[Finding], source: str, lines: dict[int, int | None], color: bool) -> str:
+def _human(findings: list[Finding], source: str, lines: dict[int, int | None], color: bool, show_info: bool) -> str:
     import click
 
     colors = {Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.ERROR: "red", Severity.CRITICAL: "red"}
     out: list[str] = []
-    for f in findings:
+    infos = [f for f in findings if f.severity == Severity.INFO]
+    for f in findings if show_info or not infos else [f for f in findings if f.severity > Severity.INFO]:
         line = lines.get(id(f))
         where = f"{source}:{line}" if line else source
         sev = str(f.severity)
@@ -61,6 +65,10 @@ def _human(findings: list[Finding], source: str, lines: dict[int, int | None], c
         evidence = f.data.get("evidence") or []
         if evidence:
             out.append(f"    see {evidence[0]}")
+    if infos and not show_info:
+        codes = ", ".join(sorted({f.code for f in infos}))
+        out.append(f"{source}: {len(infos)} info finding{'s' if len(infos) != 1 else ''} ({codes}); "
+                   "--show info lists them")
     out.append(summary(findings))
     return "\n".join(out) + "\n"
 
