@@ -95,7 +95,12 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
     args = _merge(route.launch or None, args)
     versions = _versions(env_file)
     sel, ign = _split(select), _split(ignore)
-    options = {"deepspeed_schema": deepspeed_schema, "route_unread": route.unread}
+    origin = f"--env {env_file}" if env_file else "installed"
+    options = {"deepspeed_schema": deepspeed_schema, "route_unread": route.unread, "other_versions": True,
+               "version_origin": origin}
+    if not env_file and not versions.get("deepspeed"):
+        click.echo("lossguard: DeepSpeed is not installed here, so version-window rules assume no release; run "
+                   "`pip freeze > cluster-freeze.txt` where the job runs and pass --env cluster-freeze.txt", err=True)
     # Machine-readable stdout is only the report: whatever a dependency prints while rules run goes to stderr.
     guard = stdout_to_stderr() if fmt != "human" else contextlib.nullcontext()
     with guard:
@@ -107,7 +112,8 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
         findings = run_rules(ctx, sel, ign)
     lines = {id(f): _line(doc, f.location) if not route.synthesized else None for f in findings}
     color = fmt == "human" and sys.stdout.isatty()
-    text = render(findings, fmt, route.shown, lines, color=color, show_info=show == "info")
+    text = render(findings, fmt, route.shown, lines, color=color, show_info=show == "info",
+                  versions=(versions, origin))
     click.echo(text, nl=False)
     if fmt != "human" and findings:
         click.echo(f"lossguard: {summary(findings)}", err=True)

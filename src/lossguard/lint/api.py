@@ -46,9 +46,18 @@ def lint_context(config: dict[str, Any], training_args: dict[str, Any] | str | N
 
 
 def run_rules(ctx: LintContext, select: list[str] | None = None, ignore: list[str] | None = None) -> list[Finding]:
+    from lossguard.lint.assumed import other_versions, stamp
+
     findings: list[Finding] = []
     for rule in select_rules(select, ignore):
-        findings.extend(rule.check(ctx))
+        ctx.read.clear()
+        found = list(rule.check(ctx))
+        read = set(ctx.read)
+        if not found and rule.issues and ctx.options.get("other_versions"):  # the CLI asks for it
+            extra = other_versions(rule, ctx, read)
+            found = [extra] if extra else []
+        stamp(found, ctx, read)
+        findings.extend(found)
     findings.sort(key=lambda f: (-int(f.severity), f.code, f.location or ""))
     return fold_root_causes(findings)
 

@@ -45,6 +45,7 @@ class LintContext:
     source: str = "<config>"
     options: dict[str, Any] = field(default_factory=dict)
     resolution: Resolution = field(init=False)
+    read: set[str] = field(default_factory=set)  # packages whose version a rule looked at (lint/assumed.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.raw, dict):
@@ -96,13 +97,14 @@ class LintContext:
 
     # --- versions ----------------------------------------------------------------------------
     def version(self, dist: str) -> str | None:
+        self.read.add(dist)
         return self.versions.get(dist)
 
     def in_range(self, dist: str, low: str | None = None, high: str | None = None) -> bool | None:
-        return in_range(self.versions.get(dist), low, high)
+        return in_range(self.version(dist), low, high)
 
     def version_known(self, dist: str) -> bool:
-        return parse(self.versions.get(dist)) is not None
+        return parse(self.version(dist)) is not None
 
     # --- effective values (DeepSpeed defaults applied) ------------------------------------------
     @property

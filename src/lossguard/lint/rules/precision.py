@@ -55,6 +55,7 @@ class Bf16OverflowCheck(Rule):
     see DSC110.
     """
 
+    issues = ("bf16-no-overflow-check",)
     code = "DSC105"
     name = "precision.bf16-overflow-check"
     severity = Severity.WARNING
