@@ -20,7 +20,7 @@ _MISSING = object()
 __all__ = ["LAUNCH_KEYS", "LintContext", "as_bool", "as_number", "dtype_name", "get_in", "split"]
 # Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
 LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes", "accelerate_config",
-                         "mixed_precision", "script"})
+                         "mixed_precision", "script", "zero3_save_16bit_model"})
 # TrainingArguments fields that Megatron, pipeline and hand-written DeepSpeed scripts do not take under these
 # names: one of them in the arguments means the HF Trainer (or TRL / LLaMA-Factory / axolotl on top of it).
 TRAINER_KEYS = frozenset({"per_device_train_batch_size", "output_dir", "num_train_epochs", "logging_steps",
@@ -162,7 +162,16 @@ class LintContext:
         return ("bfloat16",) if "bfloat16" in self.raw and "bf16" not in self.raw else ("bf16",)
 
 
-def _has_auto(value: Any) -> bool:
+# Keys only the Trainer fills from its arguments ("auto" in ZeRO-3 sizes is filled for inference too).
+_TRAINER_AUTO = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
+                 "gradient_clipping", "optimizer", "scheduler", "fp16", "bf16")
+
+
+def _has_auto(config: dict[str, Any]) -> bool:
+    return any(_auto_in(config.get(key)) for key in _TRAINER_AUTO)
+
+
+def _auto_in(value: Any) -> bool:
     if isinstance(value, dict):
-        return any(_has_auto(v) for v in value.values())
+        return any(_auto_in(v) for v in value.values())
     return isinstance(value, str) and value.strip().lower() == "auto"

@@ -100,6 +100,9 @@ def _accelerate_keys(doc: Document, section: dict[str, Any], launch: dict[str, A
 
 def _accelerate_launch(data: dict[str, Any]) -> dict[str, Any]:
     launch: dict[str, Any] = {}
+    section = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+    if isinstance(section.get("zero3_save_16bit_model"), bool):  # fills stage3_gather_16bit_..._save: "auto"
+        launch["zero3_save_16bit_model"] = section["zero3_save_16bit_model"]
     procs, machines = data.get("num_processes"), data.get("num_machines") or 1
     if isinstance(procs, int) and procs > 0 and isinstance(machines, int) and machines > 0:
         # accelerate's num_processes is the total over all machines

@@ -88,7 +88,8 @@ def _run(*argv):
 def test_info_findings_in_one_line_unless_show_info(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": True},
-                               "zero_optimization": {"stage": 3}}))
+                               "gradient_clipping": "auto",
+                               "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}))
     freeze = tmp_path / "freeze.txt"
     freeze.write_text("deepspeed==0.19.8\ntorch==2.4.1\ntransformers==4.57.0\n")
     short = _run("lint", str(cfg), "--env", str(freeze))

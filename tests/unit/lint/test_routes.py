@@ -60,7 +60,7 @@ def test_accelerate_keys_become_the_config_accelerate_builds(tmp_path):
     assert route.synthesized and route.shown.endswith("acc.yaml")
     assert zero["stage"] == 3 and zero["stage3_gather_16bit_weights_on_model_save"] is True
     assert route.doc.data["train_micro_batch_size_per_gpu"] == "auto"
-    assert route.launch == {"world_size": 8, "mixed_precision": "bf16"}
+    assert route.launch == {"world_size": 8, "mixed_precision": "bf16", "zero3_save_16bit_model": True}
     # bf16 from mixed_precision reaches the rules: the bf16 ZeRO-3 finding fires as on the JSON it stands for
     ctx = lint_context(route.doc.data, {"origin": "route", "framework": "hf", **route.launch}, OLD)
     assert "DSC106" in {f.code for f in run_rules(ctx)}

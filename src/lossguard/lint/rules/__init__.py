@@ -17,6 +17,13 @@ from lossguard.lint.rules.config import (
     RouteUnread,
     WarmupExceedsRun,
 )
+from lossguard.lint.rules.hazards import (
+    ClippingDropped,
+    OneBitWithZero,
+    RemovedFeature,
+    SchedulerReplaced,
+    Zero3NoHfSave,
+)
 from lossguard.lint.rules.precision import (
     Bf16OverflowCheck,
     Bf16SkipsInvisible,
@@ -40,6 +47,7 @@ RULES: tuple[type[Rule], ...] = tuple(sorted((
     Bf16OverflowCheck, Zero3Bf16NoOverflowCheck, Fp16AndBf16, Fp16NoClipping, Fp16OnBf16Model, Bf16SkipsInvisible,
     BatchArithmetic, HfMismatch, AutoUnresolved, WarmupExceedsRun,
     NanInfFilter, PeftReentrantCheckpointing,
+    ClippingDropped, SchedulerReplaced, OneBitWithZero, Zero3NoHfSave, RemovedFeature,
     TorchCudnnSdpa, TransformersGaLossBug, DeepSpeedBf16Unclipped, DeepSpeedZero3StreamRace,
 ), key=lambda r: r.code))
 

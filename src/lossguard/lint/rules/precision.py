@@ -176,7 +176,8 @@ class Fp16NoClipping(Rule):
 
     What: with fp16 and no `gradient_clipping` (absent or 0), a loss-scale spike or a bad batch goes
     straight into the optimizer. The HF Trainer does not clip under DeepSpeed itself: it relies on the
-    config, and only fills `gradient_clipping: "auto"` from max_grad_norm when the key is present.
+    config, and only fills `gradient_clipping: "auto"` from max_grad_norm when the key is present. An absent
+    key means 0 up to DeepSpeed 0.19.2; 0.19.3 made the default 1.0 (an explicit 0 still turns clipping off).
 
     Fix (unsafe: changes the update): `"gradient_clipping": 1.0` (or "auto" under the HF Trainer).
     """
@@ -192,11 +193,18 @@ class Fp16NoClipping(Rule):
         Example({"fp16": {"enabled": True}, "gradient_clipping": 1.0}, valid=True),
         Example({"fp16": {"enabled": True}, "gradient_clipping": "auto"}, valid=True, args={"fp16": True}),
         Example({"bf16": {"enabled": True}}, valid=True),
+        Example({"fp16": {"enabled": True}}, valid=True, env={"deepspeed": "0.19.3"}, note="default 1.0 from 0.19.3"),
+        Example({"fp16": {"enabled": True}, "gradient_clipping": 0}, valid=False, env={"deepspeed": "0.19.8"},
+                fixed={"fp16": {"enabled": True}, "gradient_clipping": 1.0}),
     )
+
+    issues = ("hf-clipping-dropped",)  # its window is the releases whose default is 0
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if not ctx.fp16:
             return
+        if "gradient_clipping" not in ctx.raw and ctx.in_range("deepspeed", "0.19.3"):
+            return  # DeepSpeed's own default clips at 1.0
         clip = ctx.config.get("gradient_clipping")
         if clip == "auto" or (as_number(clip) or 0) > 0:
             return
