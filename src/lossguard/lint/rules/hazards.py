@@ -29,7 +29,8 @@ class ClippingDropped(Rule):
     two-rank run on 0.19.8 with `--max_grad_norm 1e-3` clipped at 1.0 (update 0.81 vs 0.0049 with the key).
     fp16 configs get DSC108.
 
-    Fix (unsafe: the run starts clipping): `"gradient_clipping": "auto"` (filled from --max_grad_norm).
+    Fix (unsafe: the run starts clipping): `"gradient_clipping": "auto"` (filled from --max_grad_norm). With
+    the DeepSpeed version unknown it is an info without an automatic fix.
     """
 
     issues = ("hf-clipping-dropped",)
@@ -67,11 +68,12 @@ class ClippingDropped(Rule):
         done = {True: "no clipping at all (DeepSpeed's default 0 before 0.19.3)",
                 False: "clipping at DeepSpeed's own default 1.0 (0.19.3 and later)",
                 None: "DeepSpeed's default: no clipping before 0.19.3, 1.0 from 0.19.3 (version unknown)"}[old_default]
+        edits = (set_("gradient_clipping", "auto"),) if old_default is not None else ()  # unknown: a possibility
         fix = Fix('set gradient_clipping to "auto" (the Trainer fills it from --max_grad_norm)', safe=False,
-                  edits=(set_("gradient_clipping", "auto"),))
+                  edits=edits)
         yield self.finding(ctx, f"no gradient_clipping key: the HF Trainer fills only keys that exist and leaves "
                            f"clipping to DeepSpeed, so {given} {wanted:g} is silently dropped: {done}",
-                           "gradient_clipping", fix=fix)
+                           "gradient_clipping", fix=fix, severity=None if old_default is not None else Severity.INFO)
 
 
 def kd_clip_default_zero(ctx: LintContext) -> bool | None:
@@ -182,7 +184,7 @@ class Zero3NoHfSave(Rule):
     instead, use zero_to_fp32.py to recover weights", deletes the empty weights file and writes only a
     DeepSpeed checkpoint: `from_pretrained(output_dir)` then finds no model.
 
-    Fix (unsafe: the save gathers the whole 16-bit model): `"stage3_gather_16bit_weights_on_model_save": true`,
+    Fix (manual; the save gathers the whole 16-bit model): `"stage3_gather_16bit_weights_on_model_save": true`,
     or run zero_to_fp32.py after training.
     """
 
@@ -194,8 +196,7 @@ class Zero3NoHfSave(Rule):
                 "https://huggingface.co/docs/transformers/main/en/deepspeed#save-model-weights")
     _z3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
     examples = (
-        Example(_z3, valid=False, fixed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save":
-                                                               True}, "train_micro_batch_size_per_gpu": "auto"}),
+        Example(_z3, valid=False),
         Example({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"}},
                 valid=False, args=_HF, note='"auto": info, false unless accelerate says true'),
         Example({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"}},
@@ -213,9 +214,9 @@ class Zero3NoHfSave(Rule):
         flag = zero.get("stage3_gather_16bit_weights_on_model_save", zero.get("stage3_gather_fp16_weights_on_model_save"))
         if as_bool(flag) is True or (flag == "auto" and ctx.arg("zero3_save_16bit_model") is True):
             return
+        # manual: the key changes only what is saved, never the run (a probe arm or an unsafe fix would be noise)
         fix = Fix("set zero_optimization.stage3_gather_16bit_weights_on_model_save to true (gathers the 16-bit model "
-                  "at save)", safe=False,
-                  edits=(set_("zero_optimization.stage3_gather_16bit_weights_on_model_save", True),))
+                  "at save), or run zero_to_fp32.py after training", safe=False)
         path = "zero_optimization.stage3_gather_16bit_weights_on_model_save"
         if flag == "auto":  # accelerate fills it from zero3_save_16bit_model (false unless its config says true)
             yield self.finding(ctx, 'ZeRO-3 with stage3_gather_16bit_weights_on_model_save "auto": accelerate fills it '
