@@ -85,17 +85,10 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
     from lossguard.lint.quiet import stdout_to_stderr
     from lossguard.lint.report import render, summary
 
-    args = _gather_args(training_args, cmd, trust_pickle, world_size)
-    route = _route(config, args)
+    route, args = _inputs(config, training_args, cmd, trust_pickle, world_size)
     doc, config = route.doc, route.doc.source
-    for warning in doc.warnings:
-        click.echo(f"lossguard: warning: {warning}", err=True)
-    if route.args_file and not training_args:
-        args = _merge(_gather_args(route.args_file, None, trust_pickle, None), args)
-    args = _merge(route.launch or None, args)
-    versions = _versions(env_file)
+    versions, origin = _versions(env_file), f"--env {env_file}" if env_file else "installed"
     sel, ign = _split(select), _split(ignore)
-    origin = f"--env {env_file}" if env_file else "installed"
     options = {"deepspeed_schema": deepspeed_schema, "route_unread": route.unread, "other_versions": True,
                "version_origin": origin}
     if not env_file and not versions.get("deepspeed"):
@@ -117,12 +110,28 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
     click.echo(text, nl=False)
     if fmt != "human" and findings:
         click.echo(f"lossguard: {summary(findings)}", err=True)
+    _exit_for(findings, fail_on)
+
+
+def _exit_for(findings: list[Any], fail_on: str) -> None:
     if fail_on != "never":
         from lossguard.core.findings import Severity
 
         threshold = Severity.parse(fail_on)
         if any(f.severity >= threshold for f in findings):
             sys.exit(1)
+
+
+def _inputs(config: str | None, training_args: str | None, cmd: str | None, trust_pickle: bool,
+            world_size: int | None) -> tuple[Any, dict[str, Any] | None]:
+    """The route to the DeepSpeed config and the training arguments (a training YAML CONFIG is both)."""
+    args = _gather_args(training_args, cmd, trust_pickle, world_size)
+    route = _route(config, args)
+    for warning in route.doc.warnings:
+        click.echo(f"lossguard: warning: {warning}", err=True)
+    if route.args_file and not training_args:
+        args = _merge(_gather_args(route.args_file, None, trust_pickle, None), args)
+    return route, _merge(route.launch or None, args)
 
 
 def _route(config: str | None, args: dict[str, Any] | None) -> Any:
