@@ -48,7 +48,7 @@ def _versions(env_file: str | None) -> dict[str, str]:
 
 
 @click.command("lint")
-@click.argument("config", type=click.Path(dir_okay=True))
+@click.argument("config", required=False, type=click.Path(dir_okay=True))
 @click.option("--training-args", "training_args", metavar="FILE",
               help="TrainingArguments as JSON/YAML (HF dump, LLaMA-Factory or axolotl YAML) or training_args.bin.")
 @click.option("--cmd", metavar="'LAUNCH COMMAND'", help="The launch command: deepspeed / torchrun / accelerate launch ...")
@@ -65,9 +65,12 @@ def _versions(env_file: str | None) -> dict[str, str]:
 @click.option("--fail-on", type=click.Choice(_FAIL_ON), default="warning", show_default=True,
               help="Exit 1 when a finding has at least this severity.")
 @click.option("--deepspeed-schema", is_flag=True, help="Also validate with the installed DeepSpeed (imports torch: slow).")
-def lint(config: str, training_args: str | None, cmd: str | None, env_file: str | None, world_size: int | None,
+@click.option("--show", "show", type=click.Choice(["info"]), default=None,
+              help="List info findings in the human report (by default they are summarised in one line).")
+def lint(config: str | None, training_args: str | None, cmd: str | None, env_file: str | None, world_size: int | None,
          trust_pickle: bool, do_fix: bool, unsafe_fixes: bool, output: str | None, fmt: str,
-         select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, deepspeed_schema: bool) -> None:
+         select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, deepspeed_schema: bool,
+         show: str | None) -> None:
     """Check a DeepSpeed config (JSON/YAML) with its training arguments and package versions.
 
     \b
@@ -76,55 +79,128 @@ def lint(config: str, training_args: str | None, cmd: str | None, env_file: str 
       lossguard lint ds_zero2.json --cmd "deepspeed --num_gpus 8 train.py --deepspeed ds_zero2.json --bf16 True"
       lossguard lint ds_zero2.json --env pip-freeze.txt --fix
     """
-    from lossguard.lint.api import fix_document, lint_context, run_rules
-    from lossguard.lint.document import ConfigError, read_document
+    import contextlib
+
+    from lossguard.lint.api import lint_context, run_rules
+    from lossguard.lint.quiet import stdout_to_stderr
     from lossguard.lint.report import render, summary
 
-    try:
-        doc = read_document(config)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from None
-    for warning in doc.warnings:
-        click.echo(f"lossguard: warning: {warning}", err=True)
-    args = _gather_args(training_args, cmd, trust_pickle, world_size)
-    versions = _versions(env_file)
+    route, args = _inputs(config, training_args, cmd, trust_pickle, world_size)
+    doc, config = route.doc, route.doc.source
+    versions, origin = _versions(env_file), f"--env {env_file}" if env_file else "installed"
     sel, ign = _split(select), _split(ignore)
-    options = {"deepspeed_schema": deepspeed_schema}
-    data = doc.data
-    if do_fix or unsafe_fixes:
-        result = fix_document(doc, {"training_args": args, "env": versions, "options": options},
-                              unsafe=unsafe_fixes, select=sel, ignore=ign)
-        for warning in result.warnings:
-            click.echo(f"lossguard: warning: {warning}", err=True)
-        target = output or config
-        if result.applied or output:
-            try:
-                with open(target, "w", encoding="utf-8") as fh:
-                    fh.write(result.text)
-            except OSError as exc:
-                raise UserError(f"{target}: cannot write the fixed config ({exc.strerror})") from None
-        codes = ", ".join(sorted({f.code for f in result.applied})) or "none"
-        click.echo(f"lossguard: applied {len(result.applied)} fix(es) ({codes}); wrote {target}"
-                   if result.applied or output else "lossguard: nothing to fix", err=True)
-        data = result.data
-        from lossguard.lint.document import parse_text
-
-        doc = parse_text(result.text, doc.source, doc.fmt)
-    ctx = lint_context(data, args, versions, source=config, options=options)
-    findings = run_rules(ctx, sel, ign)
-    lines = {id(f): (doc.line_of(tuple(f.location.split("."))) if f.location and not f.location.startswith(("args.", "env."))
-                     else None) for f in findings}
+    options = {"deepspeed_schema": deepspeed_schema, "route_unread": route.unread, "other_versions": True,
+               "version_origin": origin}
+    if not env_file and not versions.get("deepspeed"):
+        click.echo("lossguard: DeepSpeed is not installed here, so version-window rules assume no release; run "
+                   "`pip freeze > cluster-freeze.txt` where the job runs and pass --env cluster-freeze.txt", err=True)
+    # Machine-readable stdout is only the report: whatever a dependency prints while rules run goes to stderr.
+    guard = stdout_to_stderr() if fmt != "human" else contextlib.nullcontext()
+    with guard:
+        if (do_fix or unsafe_fixes) and route.synthesized:
+            click.echo(f"lossguard: nothing to fix in a file: {route.how}; fix the keys by hand", err=True)
+        elif do_fix or unsafe_fixes:
+            doc = _apply_fixes(doc, config, output, args, versions, options, unsafe_fixes, sel, ign)
+        ctx = lint_context(doc.data, args, versions, source=config, options=options)
+        findings = run_rules(ctx, sel, ign)
+    lines = {id(f): _line(doc, f.location) if not route.synthesized else None for f in findings}
     color = fmt == "human" and sys.stdout.isatty()
-    text = render(findings, fmt, config, lines, color=color)
+    text = render(findings, fmt, route.shown, lines, color=color, show_info=show == "info",
+                  versions=(versions, origin))
     click.echo(text, nl=False)
     if fmt != "human" and findings:
         click.echo(f"lossguard: {summary(findings)}", err=True)
+    _exit_for(findings, fail_on)
+
+
+def _exit_for(findings: list[Any], fail_on: str) -> None:
     if fail_on != "never":
         from lossguard.core.findings import Severity
 
         threshold = Severity.parse(fail_on)
         if any(f.severity >= threshold for f in findings):
             sys.exit(1)
+
+
+def _inputs(config: str | None, training_args: str | None, cmd: str | None, trust_pickle: bool,
+            world_size: int | None) -> tuple[Any, dict[str, Any] | None]:
+    """The route to the DeepSpeed config and the training arguments (a training YAML CONFIG is both)."""
+    args = _gather_args(training_args, cmd, trust_pickle, world_size)
+    route = _route(config, args)
+    for warning in route.doc.warnings:
+        click.echo(f"lossguard: warning: {warning}", err=True)
+    if route.args_file and not training_args:
+        args = _merge(_gather_args(route.args_file, None, trust_pickle, None), args)
+    return route, _merge(route.launch or None, args)
+
+
+def _route(config: str | None, args: dict[str, Any] | None) -> Any:
+    """The DeepSpeed config behind CONFIG (or named by --cmd), with how it was reached on stderr."""
+    from lossguard.lint.document import ConfigError, read_document
+    from lossguard.lint.routes import DEEPSPEED_KEYS, accelerate_launch, follow, from_command
+
+    try:
+        if config:
+            route = follow(read_document(config))
+        else:
+            route = from_command(args, (args or {}).get("accelerate_config"))
+            if route is None:
+                raise UserError("lint: no config given; pass CONFIG, or --cmd with --deepspeed FILE or "
+                                "`accelerate launch --config_file FILE`")
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    if not route.recognised:
+        keys = ", ".join(list(route.doc.data)[:6]) or "none"
+        raise UserError(f"{config or route.doc.source}: no DeepSpeed key recognised (top-level keys: {keys}); pass "
+                        f"the DeepSpeed config, or the accelerate / LLaMA-Factory / axolotl YAML that names it "
+                        f"(known keys include {', '.join(sorted(DEEPSPEED_KEYS)[:4])}, ...)")
+    if route.how != "DeepSpeed config":
+        click.echo(f"lossguard: reading {route.how}", err=True)
+    named = (args or {}).get("accelerate_config")
+    if config and named and not route.launch:  # CONFIG given: the YAML the command names still sets the launch
+        try:
+            route.launch = accelerate_launch(named)
+        except ConfigError as exc:
+            click.echo(f"lossguard: warning: {exc}", err=True)
+    return route
+
+
+def _line(doc: Any, location: str | None) -> int | None:
+    if not location or location.startswith(("args.", "env.")):
+        return None
+    return doc.line_of(tuple(location.split(".")))
+
+
+def _merge(low: dict[str, Any] | None, high: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`high` wins; launch facts alone keep the origin of whichever side has one."""
+    if not low:
+        return high
+    if not high:
+        return {"origin": "config route", "framework": "hf", **low}
+    return {**low, **high}
+
+
+def _apply_fixes(doc: Any, config: str, output: str | None, args: dict[str, Any] | None, versions: dict[str, str],
+                 options: dict[str, Any], unsafe: bool, sel: list[str], ign: list[str]) -> Any:
+    """Run the fix loop, write the fixed config, and return the fixed document to lint again."""
+    from lossguard.lint.api import fix_document
+    from lossguard.lint.document import parse_text
+
+    result = fix_document(doc, {"training_args": args, "env": versions, "options": options},
+                          unsafe=unsafe, select=sel, ignore=ign)
+    for warning in result.warnings:
+        click.echo(f"lossguard: warning: {warning}", err=True)
+    target = output or config
+    if result.applied or output:
+        try:
+            with open(target, "w", encoding="utf-8") as fh:
+                fh.write(result.text)
+        except OSError as exc:
+            raise UserError(f"{target}: cannot write the fixed config ({exc.strerror})") from None
+    codes = ", ".join(sorted({f.code for f in result.applied})) or "none"
+    click.echo(f"lossguard: applied {len(result.applied)} fix(es) ({codes}); wrote {target}"
+               if result.applied or output else "lossguard: nothing to fix", err=True)
+    return parse_text(result.text, doc.source, doc.fmt)
 
 
 @click.command("rules")

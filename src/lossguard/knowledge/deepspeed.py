@@ -128,5 +128,39 @@ ZERO3_STREAM_RACE = KnownIssue(
     sources=(f"{DS}/pull/7898",),
 )
 
+# Removals checked on the sdists: 0.19.6 has none of these guards; 0.19.7 rejects the first set (and drops
+# the 1-bit optimizers from engine.py), 0.19.8 adds the second (runtime/config.py _reject_removed_config_keys).
+REMOVED_0197 = KnownIssue(
+    id="deepspeed-removed-0197",
+    title="DeepSpeed 0.19.7 removed Nebula, the compression library, MoQ, sparse attention, MiCS and 1-bit "
+          "optimizers: a config that names them no longer starts",
+    mechanism="DeepSpeedConfig raises DeepSpeedConfigError for the top-level keys nebula, compression_training, "
+              "quantize_training, sparse_attention and for zero_optimization.mics_shard_size / "
+              "mics_hierarchical_params_gather; OneBitAdam, ZeroOneAdam and OneBitLamb are no longer known "
+              "optimizer types (the engine looks them up in torch.optim and fails).",
+    windows=(VersionWindow("deepspeed", "0.19.7", None),),
+    config="one of those keys, or optimizer.type OneBitAdam / ZeroOneAdam / OneBitLamb",
+    symptoms="DeepSpeedConfigError (or AttributeError: module 'torch.optim' has no attribute ...) at start-up",
+    fix="remove the key (or switch the optimizer to Adam/AdamW), or pin DeepSpeed < 0.19.7",
+    confirm="lossguard lint --deepspeed-schema CONFIG with the cluster's DeepSpeed",
+    sources=(f"{DS}/issues/8489",),
+)
+
+REMOVED_0198 = KnownIssue(
+    id="deepspeed-removed-0198",
+    title="DeepSpeed 0.19.8 removed Apex AMP, sparse embedding gradients, eigenvalue MoQ, elasticity, graph "
+          "harvesting, legacy curriculum learning, progressive layer drop and LoCo-ZeRO++",
+    mechanism="DeepSpeedConfig raises DeepSpeedConfigError for the top-level keys amp, sparse_gradients, "
+              "eigenvalue, elasticity, graph_harvesting, curriculum_learning, progressive_layer_drop and for "
+              "zero_optimization.zeropp_loco_param.",
+    windows=(VersionWindow("deepspeed", "0.19.8", None),),
+    config="one of those keys",
+    symptoms="DeepSpeedConfigError at start-up naming the key",
+    fix="remove the key (curriculum learning moves to data_efficiency.data_sampling.curriculum_learning), or "
+        "pin DeepSpeed < 0.19.8",
+    confirm="lossguard lint --deepspeed-schema CONFIG with the cluster's DeepSpeed",
+    sources=(f"{DS}/issues/8489",),
+)
+
 ISSUES = (OVERLAP_RACE, MULTI_RANK_BUCKET, PINGPONG_RESET, BUFFER_LIFETIME, COMPILE_STREAM_RACE, COMM_DTYPE_FP32,
-          BF16_NO_OVERFLOW_CHECK, BF16_UNCLIPPED, ZERO3_STREAM_RACE)
+          BF16_NO_OVERFLOW_CHECK, BF16_UNCLIPPED, ZERO3_STREAM_RACE, REMOVED_0197, REMOVED_0198)

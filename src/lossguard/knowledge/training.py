@@ -263,8 +263,25 @@ RL_UPDATE_LOST = KnownIssue(
     sources=("https://github.com/modelscope/ms-swift/issues/5890",),
 )
 
+# Confirmed by a two-rank Trainer run (tests/integration/test_lint_hazards_real.py); DeepSpeed's default
+# gradient_clipping is 0.0 up to 0.19.2 and 1.0 from 0.19.3 (runtime/constants.py in the sdists).
+CLIPPING_DROPPED = KnownIssue(
+    id="hf-clipping-dropped",
+    title="HF Trainer + DeepSpeed config without gradient_clipping: --max_grad_norm is silently dropped",
+    mechanism="the HF integration fills only keys the config has (fill_match), and under DeepSpeed the Trainer "
+              "leaves clipping to the engine, so DeepSpeed's own default applies: no clipping before 0.19.3, "
+              "a fixed 1.0 from 0.19.3 whatever --max_grad_norm says.",
+    windows=(VersionWindow("deepspeed", None, "0.19.3"),),
+    config="HF Trainer (or TRL / LLaMA-Factory / axolotl), DeepSpeed config without a gradient_clipping key",
+    symptoms="grad_norm spikes that the script's max_grad_norm should have bounded; loss spikes or divergence",
+    fix='add "gradient_clipping": "auto" to the DeepSpeed config',
+    confirm="print trainer.model_wrapped.gradient_clipping() after trainer.train() starts: it is not max_grad_norm",
+    sources=(f"{HF}/blob/main/src/transformers/integrations/deepspeed.py",
+             "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/constants.py"),
+)
+
 ISSUES = (FP16_ACTIVATION_OVERFLOW, ATTENTION_KERNEL_NAN, LR_TOO_HIGH, MASKED_BATCH_NAN, TEMPLATE_MISMATCH,
           TRUNCATION_CUTS_ANSWERS, IMAGE_TOKEN_MISMATCH, LORA_REENTRANT, TRAINABLE_NOT_OPTIMIZED,
           SCHEDULER_NOT_STEPPING, LR_TOO_SMALL, WEIGHTS_NOT_UPDATING, LABEL_LEAKAGE, BENIGN_MEMORIZATION,
           REPLICA_DIVERGENCE, GA_LOSS_SCALE, NUMERICAL_INSTABILITY, EVAL_ONLY_NAN, RL_DEGENERATE_REWARDS,
-          RL_UPDATE_LOST)
+          RL_UPDATE_LOST, CLIPPING_DROPPED)

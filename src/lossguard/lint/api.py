@@ -46,11 +46,39 @@ def lint_context(config: dict[str, Any], training_args: dict[str, Any] | str | N
 
 
 def run_rules(ctx: LintContext, select: list[str] | None = None, ignore: list[str] | None = None) -> list[Finding]:
+    from lossguard.lint.assumed import other_versions, stamp
+
     findings: list[Finding] = []
     for rule in select_rules(select, ignore):
-        findings.extend(rule.check(ctx))
+        ctx.read.clear()
+        found = list(rule.check(ctx))
+        read = set(ctx.read)
+        if not found and rule.issues and ctx.options.get("other_versions"):  # the CLI asks for it
+            extra = other_versions(rule, ctx, read)
+            found = [extra] if extra else []
+        stamp(found, ctx, read)
+        findings.extend(found)
     findings.sort(key=lambda f: (-int(f.severity), f.code, f.location or ""))
-    return findings
+    return fold_root_causes(findings)
+
+
+def fold_root_causes(findings: list[Finding]) -> list[Finding]:
+    """One finding per root cause: a finding whose rule names a `root_cause` that fired too is told inside
+    that finding (its message and code in `data["also"]`), not printed as a second error with its own fix."""
+    from lossguard.lint.rules import RULES
+
+    causes = {rule.code: rule.root_cause for rule in RULES if rule.root_cause}
+    hosts = {f.code: f for f in findings}
+    kept: list[Finding] = []
+    for finding in findings:
+        host = hosts.get(causes.get(finding.code, ""))
+        if host is None:
+            kept.append(finding)
+            continue
+        host.data.setdefault("also", []).append(finding.code)
+        host.severity = max(host.severity, finding.severity)
+        host.message += f". Same cause: {finding.code} {finding.name} ({finding.message})"
+    return kept
 
 
 def lint(config: dict[str, Any] | str, training_args: dict[str, Any] | str | None = None,
@@ -90,6 +118,8 @@ def fix_document(doc: Document, ctx_kwargs: dict[str, Any], *, unsafe: bool = Fa
     for _ in range(max_rounds):
         ctx = lint_context(current.data, source=doc.source, **ctx_kwargs)
         todo = [f for f in run_rules(ctx, select, ignore) if fixable(f, unsafe)]
+        safe = [f for f in todo if fix_of(f).safe]
+        todo = safe or todo  # unsafe fixes wait until no safe fix is left: a safe one may remove their reason
         edits: list[Edit] = []
         for finding in todo:
             candidate = edits + list(fix_of(finding).edits)

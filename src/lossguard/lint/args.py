@@ -155,6 +155,9 @@ _LAUNCHER_VALUE_OPTS = {
     "offload_optimizer_device", "offload_param_device", "gradient_clipping", "module", "elastic_training",
 }
 _LAUNCHERS = {"deepspeed", "torchrun", "accelerate"}
+# Megatron(-DeepSpeed) / GPT-NeoX script arguments no HF script takes: a command with one runs its own trainer.
+_MEGATRON_ARGS = frozenset({"tensor_model_parallel_size", "pipeline_model_parallel_size", "global_batch_size",
+                            "train_iters", "num_layers", "seq_length", "micro_batch_size", "lr_decay_style"})
 
 
 def _option(token: str) -> tuple[str, str | None]:
@@ -268,7 +271,10 @@ def parse_command(cmd: str, trust_pickle: bool = False) -> dict[str, Any]:
             if "=" in token and not token.startswith("-"):
                 key, _, value = token.partition("=")
                 raw[key] = value
-    raw.update(_script_args(rest[1:] if rest else []))
+    script_args = _script_args(rest[1:] if rest else [])
+    if not yaml_cfg and _MEGATRON_ARGS & set(script_args):
+        raw["framework"] = "megatron"  # its own trainer: HF defaults and HF-only rules do not apply
+    raw.update(script_args)
     if launcher == "accelerate":
         if opts.get("mixed_precision") in ("bf16", "fp16"):
             raw.setdefault(opts["mixed_precision"], "true")
@@ -285,6 +291,10 @@ def parse_command(cmd: str, trust_pickle: bool = False) -> dict[str, Any]:
     if raw.get("framework"):
         out["framework"] = raw["framework"]
     out["launcher"] = launcher
+    if rest and rest[0].endswith(".py"):
+        out["script"] = rest[0]  # HFA202 reads it for enable_input_require_grads()
+    if launcher == "accelerate" and opts.get("config_file"):
+        out["accelerate_config"] = opts["config_file"]  # lint follows it to the DeepSpeed config (lint/routes.py)
     return out
 
 

@@ -19,7 +19,14 @@ Path = tuple[str, ...]
 _MISSING = object()
 __all__ = ["LAUNCH_KEYS", "LintContext", "as_bool", "as_number", "dtype_name", "get_in", "split"]
 # Keys that describe the launch, not TrainingArguments: alone they do not make HF defaults apply.
-LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes"})
+LAUNCH_KEYS = frozenset({"origin", "framework", "launcher", "world_size", "num_nodes", "accelerate_config",
+                         "mixed_precision", "script", "zero3_save_16bit_model"})
+# TrainingArguments fields that Megatron, pipeline and hand-written DeepSpeed scripts do not take under these
+# names: one of them in the arguments means the HF Trainer (or TRL / LLaMA-Factory / axolotl on top of it).
+TRAINER_KEYS = frozenset({"per_device_train_batch_size", "output_dir", "num_train_epochs", "logging_steps",
+                          "save_strategy", "eval_strategy", "evaluation_strategy", "lr_scheduler_type", "warmup_ratio",
+                          "save_steps", "report_to", "logging_nan_inf_filter", "max_grad_norm", "save_total_limit",
+                          "gradient_checkpointing_kwargs", "logging_dir", "remove_unused_columns", "overwrite_output_dir"})
 
 
 def split(path: str | Path) -> Path:
@@ -38,6 +45,7 @@ class LintContext:
     source: str = "<config>"
     options: dict[str, Any] = field(default_factory=dict)
     resolution: Resolution = field(init=False)
+    read: set[str] = field(default_factory=set)  # packages whose version a rule looked at (lint/assumed.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.raw, dict):
@@ -47,7 +55,24 @@ class LintContext:
     @property
     def hf_args(self) -> bool:
         """Training arguments are known (not just launch facts such as --world-size)."""
-        return bool(self.args) and bool(set(self.args) - LAUNCH_KEYS)
+        if not self.args or self.args.get("framework") == "megatron":  # Megatron: only its launch facts count
+            return False
+        return bool(set(self.args) - LAUNCH_KEYS)
+
+    @property
+    def hf_trainer(self) -> bool:
+        """The HF Trainer runs this config: a framework built on it, arguments only it takes, or (no arguments)
+        "auto" values, which only the HF integration fills. Megatron / pipeline configs have none of these."""
+        if self.arg("framework") in ("llamafactory", "axolotl", "megatron"):
+            return self.arg("framework") != "megatron"
+        if self.hf_args:
+            return bool(set(self.args or {}) & TRAINER_KEYS)
+        return _has_auto(self.raw)
+
+    @property
+    def via_accelerate(self) -> bool:
+        """accelerate builds the engine (HF Trainer or `accelerate launch`): it sets steps_per_print to infinity."""
+        return self.hf_trainer or self.arg("launcher") == "accelerate"
 
     @property
     def config(self) -> dict[str, Any]:
@@ -72,13 +97,14 @@ class LintContext:
 
     # --- versions ----------------------------------------------------------------------------
     def version(self, dist: str) -> str | None:
+        self.read.add(dist)
         return self.versions.get(dist)
 
     def in_range(self, dist: str, low: str | None = None, high: str | None = None) -> bool | None:
-        return in_range(self.versions.get(dist), low, high)
+        return in_range(self.version(dist), low, high)
 
     def version_known(self, dist: str) -> bool:
-        return parse(self.versions.get(dist)) is not None
+        return parse(self.version(dist)) is not None
 
     # --- effective values (DeepSpeed defaults applied) ------------------------------------------
     @property
@@ -101,6 +127,9 @@ class LintContext:
         value = self.ds.precision_written(kind)
         if value is not None and value != "auto":
             return as_bool(value)
+        launch = self.arg("mixed_precision")  # accelerate's mixed_precision adds the section (or fills "auto")
+        if launch is not None and not (self.hf_args and kind in self.args):
+            return launch == kind
         if self.hf_args and kind in self.args:
             return bool(self.args[kind])
         if value == "auto":
@@ -131,3 +160,18 @@ class LintContext:
 
     def bf16_section_path(self) -> Path:
         return ("bfloat16",) if "bfloat16" in self.raw and "bf16" not in self.raw else ("bf16",)
+
+
+# Keys only the Trainer fills from its arguments ("auto" in ZeRO-3 sizes is filled for inference too).
+_TRAINER_AUTO = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
+                 "gradient_clipping", "optimizer", "scheduler", "fp16", "bf16")
+
+
+def _has_auto(config: dict[str, Any]) -> bool:
+    return any(_auto_in(config.get(key)) for key in _TRAINER_AUTO)
+
+
+def _auto_in(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_auto_in(v) for v in value.values())
+    return isinstance(value, str) and value.strip().lower() == "auto"

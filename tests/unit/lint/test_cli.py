@@ -77,7 +77,12 @@ def test_sarif_and_github_formats(env_file):
 def test_select_ignore_by_name(env_file):
     cfg = str(FIXTURES / "llava_zero2.json")
     out = json.loads(run("lint", cfg, "--env", env_file, "--format", "json", "--select", "zero").stdout)
-    assert {f["code"] for f in out} == {"DSC101", "DSC103", "DSC104"}
+    # one finding per root cause (issue #15): the bucket size and multi-rank bucket path ride on overlap_comm
+    assert [f["code"] for f in out] == ["DSC101"] and set(out[0]["also"]) == {"DSC103", "DSC104"}
+    assert "Same cause: DSC104" in out[0]["message"]
+    out = json.loads(run("lint", cfg, "--env", env_file, "--format", "json", "--select", "zero",
+                         "--ignore", "DSC101").stdout)
+    assert {f["code"] for f in out} == {"DSC103", "DSC104"}
     out = json.loads(run("lint", cfg, "--env", env_file, "--format", "json", "--ignore", "DSC1,HFA").stdout)
     assert all(not f["code"].startswith(("DSC1", "HFA")) for f in out)
 
@@ -149,3 +154,22 @@ def test_lint_never_imports_torch(clean_config, env_file):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert proc.returncode == 0
     assert not imported & {"torch", "deepspeed", "transformers", "rich", "numpy"}
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif", "github"])
+def test_machine_formats_stdout_is_only_the_report_with_deepspeed_schema(fmt, tmp_path):
+    """DeepSpeed's import prints its accelerator line; with --deepspeed-schema stdout must still parse."""
+    pytest.importorskip("deepspeed")
+    cfg = tmp_path / "typo.json"
+    cfg.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comn": True}}))
+    proc = run("lint", str(cfg), "--deepspeed-schema", "--format", fmt, "--fail-on", "never")
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "github":
+        lines = proc.stdout.splitlines()
+        assert lines and all(line.startswith("::") for line in lines), proc.stdout
+        assert any("DSC002" in line for line in lines)
+        return
+    report = json.loads(proc.stdout)
+    codes = ([f["code"] for f in report] if fmt == "json"
+             else [r["ruleId"] for r in report["runs"][0]["results"]])
+    assert "DSC002" in codes

@@ -14,7 +14,15 @@ from lossguard.lint.rules.config import (
     ConfigTypes,
     DeepSpeedSchema,
     HfMismatch,
+    RouteUnread,
     WarmupExceedsRun,
+)
+from lossguard.lint.rules.hazards import (
+    ClippingDropped,
+    OneBitWithZero,
+    RemovedFeature,
+    SchedulerReplaced,
+    Zero3NoHfSave,
 )
 from lossguard.lint.rules.precision import (
     Bf16OverflowCheck,
@@ -34,11 +42,12 @@ from lossguard.lint.rules.versions import (
 from lossguard.lint.rules.zero import AutoBucketOverlap, CommDtypeFp32, MultiRankBucketAllreduce, OverlapComm
 
 RULES: tuple[type[Rule], ...] = tuple(sorted((
-    ConfigTypes, DeepSpeedSchema,
+    ConfigTypes, DeepSpeedSchema, RouteUnread,
     OverlapComm, CommDtypeFp32, AutoBucketOverlap, MultiRankBucketAllreduce,
     Bf16OverflowCheck, Zero3Bf16NoOverflowCheck, Fp16AndBf16, Fp16NoClipping, Fp16OnBf16Model, Bf16SkipsInvisible,
     BatchArithmetic, HfMismatch, AutoUnresolved, WarmupExceedsRun,
     NanInfFilter, PeftReentrantCheckpointing,
+    ClippingDropped, SchedulerReplaced, OneBitWithZero, Zero3NoHfSave, RemovedFeature,
     TorchCudnnSdpa, TransformersGaLossBug, DeepSpeedBf16Unclipped, DeepSpeedZero3StreamRace,
 ), key=lambda r: r.code))
 

@@ -66,6 +66,9 @@ class Rule:
     examples: ClassVar[tuple[Example, ...]] = ()
     signature: ClassVar[str | None] = None  # the DESIGN.md failure signature this rule prevents
     issues: ClassVar[tuple[str, ...]] = ()  # known-issue ids (lossguard.knowledge) whose windows the rule reads
+    # The code of a finding with the same root cause whose fix also removes this one: when both fire, this one
+    # is told inside it (one finding per cause), and its own fix waits for the next round.
+    root_cause: ClassVar[str | None] = None
 
     @classmethod
     def doc(cls) -> str:

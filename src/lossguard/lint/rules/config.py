@@ -92,8 +92,12 @@ _ABSENT = object()
 class BatchArithmetic(Rule):
     """`train_batch_size` ≠ `train_micro_batch_size_per_gpu` × `gradient_accumulation_steps` × world size.
 
-    What: DeepSpeed asserts this identity at start-up; the HF integration computes it from the
-    arguments. A hand-written train_batch_size copied from an 8-GPU recipe fails on 4 GPUs, or, when
+    What: DeepSpeed derives whichever of the three is absent (integer division by the world size:
+    `_set_batch_related_parameters`), then asserts the identity and that each is > 0 at start-up; the HF
+    integration computes it from the arguments. This rule runs the same resolution and errs only where
+    DeepSpeed itself would refuse, quoting its message; an absent `gradient_accumulation_steps` is derived
+    (train_batch / (micro x world)), never taken as 1. Without a world size it errs only when no world
+    size lets DeepSpeed start. A hand-written train_batch_size copied from an 8-GPU recipe fails on 4 GPUs, or, when
     the per-GPU keys are absent, silently changes gradient accumulation.
 
     Fix: set `train_batch_size: "auto"` under the HF Trainer, or make the numbers agree.
@@ -103,7 +107,9 @@ class BatchArithmetic(Rule):
     name = "batch.arithmetic"
     severity = Severity.ERROR
     summary = "train_batch_size does not equal micro × GA × world size"
-    evidence = ("https://www.deepspeed.ai/docs/config-json/#batch-size-related-parameters",)
+    evidence = ("https://www.deepspeed.ai/docs/config-json/#batch-size-related-parameters",
+                "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/config.py",
+                "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/dataclasses.py")
     examples = (
         Example({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
                 valid=False, args={"world_size": 4}),
@@ -113,22 +119,57 @@ class BatchArithmetic(Rule):
                 valid=True, args={"world_size": 4}),
         Example({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                  "gradient_accumulation_steps": "auto"}, valid=True, args={"world_size": 8}),
+        Example({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4}, valid=True,
+                note="GA absent: DeepSpeed derives 256 // 4 // world, not 1"),
+        Example({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4}, valid=True, args={"world_size": 8},
+                note="GA derived as 8"),
+        Example({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, valid=False,
+                note="no world size divides it: 30 != 4 * 7 * 1"),
+        Example({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4}, valid=False, args={"world_size": 8},
+                note="derived GA is 0"),
+        Example({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, valid=False,
+                args={"world_size": 8, "per_device_train_batch_size": 4},
+                note="HF Trainer route: accelerate writes GA 1, so 64 != 4 * 1 * 8"),
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        total = as_number(ctx.config.get("train_batch_size"))
-        micro = as_number(ctx.config.get("train_micro_batch_size_per_gpu"))
-        ga = as_number(ctx.config.get("gradient_accumulation_steps", 1))
-        if not total or not micro or not ga:
-            return
+        from lossguard.lint.batchsize import check_batch
+
+        values = [_batch_value(ctx.config.get(key, _ABSENT)) for key in _BATCH_KEYS]
+        if any(v is _UNKNOWN for v in values):
+            return  # "auto" or not a positive integer: filled at runtime or reported by DSC001
+        total, micro, ga = values
+        if total is None and micro is None:
+            return  # the launcher supplies them (Megatron, accelerate's dataloader) or the config is not for training
+        note = ""
+        if ga is None and ctx.hf_args:  # accelerate's DeepSpeedPlugin writes GA 1 into a config without it
+            ga, note = 1, "; accelerate adds gradient_accumulation_steps 1 when the key is absent"
         world = ctx.world_size
-        if world:
-            if total != micro * ga * world:
-                yield self.finding(ctx, f"train_batch_size {total:g} != micro {micro:g} x GA {ga:g} x world {world} "
-                                   f"= {micro * ga * world:g}; DeepSpeed refuses to start", "train_batch_size")
-        elif total % (micro * ga):
-            yield self.finding(ctx, f"train_batch_size {total:g} is not a multiple of micro {micro:g} x GA {ga:g}; "
-                               "no world size satisfies DeepSpeed's batch check", "train_batch_size")
+        verdict = check_batch(total, micro, ga, world)
+        if verdict.refusal is None:
+            return
+        where = f"with {world} rank(s)" if world else "for every world size"
+        path = next((k for k, v in zip(_BATCH_KEYS, values) if v is not None), "train_batch_size")
+        yield self.finding(ctx, f"DeepSpeed refuses to start {where}: \"{verdict.refusal}\" "
+                           f"({_written(values)}{note})", path)
+
+
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_UNKNOWN = object()
+
+
+def _batch_value(value: Any) -> Any:
+    if value is _ABSENT:
+        return None
+    number = as_number(value)
+    if number is None or not number.is_integer() or number <= 0 or isinstance(value, bool):
+        return _UNKNOWN  # DSC001 names a wrong type or a non-positive value
+    return int(number)
+
+
+def _written(values: list[Any]) -> str:
+    names = ("train_batch_size", "micro", "GA")
+    return ", ".join(f"{n} {v}" if v is not None else f"{n} absent (derived)" for n, v in zip(names, values))
 
 
 class HfMismatch(Rule):
@@ -280,11 +321,42 @@ class DeepSpeedSchema(Rule):
             config.pop("train_batch_size", None)  # DeepSpeed derives it for its own world size (DSC111 checks)
         if not any(k in config for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
             config["train_micro_batch_size_per_gpu"] = 1
+        from lossguard.lint.quiet import stdout_to_stderr
+
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
         try:
-            from deepspeed.runtime.config import DeepSpeedConfig
+            with stdout_to_stderr():  # DeepSpeed's import and validation print; stdout is the report
+                from deepspeed.runtime.config import DeepSpeedConfig
 
-            DeepSpeedConfig(config)
+                DeepSpeedConfig(config)
         except Exception as exc:  # DeepSpeed raises ValidationError, AssertionError, ValueError...
             first = " ".join(str(exc).split())[:400]
             yield self.finding(ctx, f"DeepSpeed rejects the config: {type(exc).__name__}: {first}", "")
+
+
+class RouteUnread(Rule):
+    """The accelerate YAML names a DeepSpeed config file that cannot be read from here.
+
+    What: `deepspeed_config.deepspeed_config_file` is resolved relative to the YAML; when it is missing or
+    unreadable, lint checks only what accelerate would build from the YAML's other keys, and says so rather
+    than reporting a clean run. accelerate itself stops at start-up when the file is missing.
+
+    Fix: run lint where the file is, or pass the DeepSpeed JSON itself.
+    """
+
+    code = "DSC003"
+    name = "config.route-unread"
+    severity = Severity.WARNING
+    summary = "the DeepSpeed config file an accelerate YAML names cannot be read; only the YAML was checked"
+    evidence = ("https://huggingface.co/docs/accelerate/usage_guides/deepspeed",)
+    examples = (
+        Example({"zero_optimization": {"stage": 2}}, valid=False,
+                options={"route_unread": "acc.yaml: deepspeed_config.deepspeed_config_file names ds.json, "
+                                         "which cannot be read: ds.json: no such file; check the path"}),
+        Example({"zero_optimization": {"stage": 2}}, valid=True),
+    )
+
+    def check(self, ctx: LintContext) -> Iterable[Finding]:
+        why = ctx.options.get("route_unread")
+        if why:
+            yield self.finding(ctx, f"{why}; checked only the keys accelerate builds from the YAML", "")

@@ -12,6 +12,16 @@ from lossguard.lint.rules.base import Example, Fix, Rule, set_
 DS = "https://github.com/deepspeedai/DeepSpeed"
 
 
+def bf16_optimizer_path(ctx: LintContext) -> bool:
+    """ZeRO-1 + bf16 + fp32 gradient accumulation without CPU offload: the engine builds BF16_Optimizer, not
+    the ZeRO optimizer (engine._do_optimizer_sanity_check); check_grad_overflow does not reach it, and it
+    skips a step whose global gradient norm is not finite (bf16_optimizer.py step(), checked on 0.19.8)."""
+    accum = str(ctx.written("data_types.grad_accum_dtype", "")).lower()
+    offload = str(ctx.written("zero_optimization.offload_optimizer.device", "none")).lower()
+    return (ctx.zero_stage == 1 and bool(ctx.bf16) and accum in ("fp32", "float32", "float")
+            and offload != "cpu")
+
+
 def _overflow_check(ctx: LintContext) -> tuple[bool | None, str]:
     """(does bf16 ZeRO-1/2 skip non-finite steps?, why) at this DeepSpeed version."""
     path = ctx.bf16_section_path()
@@ -45,6 +55,7 @@ class Bf16OverflowCheck(Rule):
     see DSC110.
     """
 
+    issues = ("bf16-no-overflow-check",)
     code = "DSC105"
     name = "precision.bf16-overflow-check"
     severity = Severity.WARNING
@@ -68,6 +79,9 @@ class Bf16OverflowCheck(Rule):
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if ctx.bf16 is False or ctx.zero_stage not in (1, 2):
             return
+        if bf16_optimizer_path(ctx):
+            yield from self._bf16_optimizer(ctx)
+            return
         checks, why = _overflow_check(ctx)
         if checks:
             return
@@ -84,6 +98,18 @@ class Bf16OverflowCheck(Rule):
         fix = Fix(f"set {path[0]}.check_grad_overflow to true (skips the step instead of applying NaN)", safe=True,
                   edits=tuple(edits))
         yield self.finding(ctx, msg, ".".join((*path, "check_grad_overflow")), fix=fix)
+
+
+    def _bf16_optimizer(self, ctx: LintContext) -> Iterable[Finding]:
+        """check_grad_overflow would be inert here: no config fix. 0.19.x skips non-finite steps on this path;
+        older releases were not checked, so the finding names the upgrade, not a key."""
+        if ctx.in_range("deepspeed", "0.19.0"):
+            return
+        yield self.finding(ctx, f"bf16 ZeRO-1 with fp32 gradient accumulation runs DeepSpeed's BF16_Optimizer, which "
+                           f"bf16.check_grad_overflow does not reach; whether DeepSpeed {ctx.version('deepspeed') or '(version unknown)'} skips "
+                           "a step with NaN/Inf gradients on this path is not confirmed", "data_types.grad_accum_dtype",
+                           fix=Fix("upgrade DeepSpeed to >= 0.19 (its BF16_Optimizer skips non-finite steps)",
+                                   safe=False), severity=Severity.INFO)
 
 
 class Zero3Bf16NoOverflowCheck(Rule):
@@ -150,7 +176,8 @@ class Fp16NoClipping(Rule):
 
     What: with fp16 and no `gradient_clipping` (absent or 0), a loss-scale spike or a bad batch goes
     straight into the optimizer. The HF Trainer does not clip under DeepSpeed itself: it relies on the
-    config, and only fills `gradient_clipping: "auto"` from max_grad_norm when the key is present.
+    config, and only fills `gradient_clipping: "auto"` from max_grad_norm when the key is present. An absent
+    key means 0 up to DeepSpeed 0.19.2; 0.19.3 made the default 1.0 (an explicit 0 still turns clipping off).
 
     Fix (unsafe: changes the update): `"gradient_clipping": 1.0` (or "auto" under the HF Trainer).
     """
@@ -166,11 +193,18 @@ class Fp16NoClipping(Rule):
         Example({"fp16": {"enabled": True}, "gradient_clipping": 1.0}, valid=True),
         Example({"fp16": {"enabled": True}, "gradient_clipping": "auto"}, valid=True, args={"fp16": True}),
         Example({"bf16": {"enabled": True}}, valid=True),
+        Example({"fp16": {"enabled": True}}, valid=True, env={"deepspeed": "0.19.3"}, note="default 1.0 from 0.19.3"),
+        Example({"fp16": {"enabled": True}, "gradient_clipping": 0}, valid=False, env={"deepspeed": "0.19.8"},
+                fixed={"fp16": {"enabled": True}, "gradient_clipping": 1.0}),
     )
+
+    issues = ("hf-clipping-dropped",)  # its window is the releases whose default is 0
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if not ctx.fp16:
             return
+        if "gradient_clipping" not in ctx.raw and ctx.in_range("deepspeed", "0.19.3"):
+            return  # DeepSpeed's own default clips at 1.0
         clip = ctx.config.get("gradient_clipping")
         if clip == "auto" or (as_number(clip) or 0) > 0:
             return
@@ -252,6 +286,13 @@ class Bf16SkipsInvisible(Rule):
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
         if not ctx.bf16 or ctx.zero_stage not in (1, 2) or not _overflow_check(ctx)[0]:
+            return
+        if ctx.via_accelerate:  # accelerate's DeepSpeedPlugin sets steps_per_print to infinity: the key is inert
+            yield self.finding(ctx, "bf16 steps with NaN/Inf gradients are skipped silently, and under the HF Trainer / "
+                               "accelerate steps_per_print is overwritten with infinity, so no log line shows the "
+                               "skipped count", "steps_per_print",
+                               fix=Fix("watch the run with LossguardCallback (it counts skipped steps); "
+                                       "steps_per_print has no effect on this route", safe=True))
             return
         spp = as_number(ctx.config.get("steps_per_print"))
         if spp is not None and spp > 0:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from typing import Any
 
 from lossguard.core.findings import Finding, Severity
 from lossguard.lint.context import LintContext
@@ -44,6 +46,21 @@ class NanInfFilter(Rule):
 
 # Frameworks that call enable_input_require_grads() / pass use_reentrant=False themselves.
 _HANDLES_INPUT_GRADS = {"llamafactory", "axolotl"}
+# Calls in a training script that give the checkpointed blocks an input that requires grad
+# (prepare_model_for_kbit_training calls enable_input_require_grads for reentrant checkpointing).
+_INPUT_GRAD_CALLS = re.compile(r"enable_input_require_grads\s*\(|prepare_model_for_kbit_training\s*\(|"
+                               r"[\"']?use_reentrant[\"']?\s*[:=]\s*False")
+
+
+def _script_handles_input_grads(script: Any) -> bool | None:
+    """True / False when the launch command's script can be read here; None when it cannot."""
+    if not isinstance(script, str):
+        return None
+    try:
+        with open(script, encoding="utf-8", errors="replace") as fh:
+            return bool(_INPUT_GRAD_CALLS.search(fh.read()))
+    except OSError:
+        return None
 
 
 class PeftReentrantCheckpointing(Rule):
@@ -53,6 +70,10 @@ class PeftReentrantCheckpointing(Rule):
     block only if one of its inputs requires grad. Frozen embeddings → no gradient reaches the LoRA
     weights inside checkpointed blocks: grad_norm 0, loss flat, lora_B stays 0. PyTorch warns "None of
     the inputs have requires_grad=True".
+
+    A possibility, not a certainty: many scripts call `enable_input_require_grads()` (or
+    `prepare_model_for_kbit_training`). When `--cmd` names a script lint can read, it looks for those
+    calls: found → silent, absent → warning; script not readable → info.
 
     Fix (manual): `--gradient_checkpointing_kwargs '{"use_reentrant": false}'` or call
     `model.enable_input_require_grads()` (LLaMA-Factory, axolotl, LLaVA and GLM-4 scripts do).
@@ -81,7 +102,17 @@ class PeftReentrantCheckpointing(Rule):
         kwargs = ctx.arg("gradient_checkpointing_kwargs")
         if isinstance(kwargs, dict) and kwargs.get("use_reentrant") in (False, "false", "False"):
             return
-        yield self.finding(ctx, "LoRA with gradient_checkpointing and use_reentrant not set to False: unless the script "
-                           "calls enable_input_require_grads(), no gradient reaches the adapters",
-                           "args.gradient_checkpointing_kwargs",
-                           fix=Fix("pass --gradient_checkpointing_kwargs '{\"use_reentrant\": false}'", safe=True))
+        handled = _script_handles_input_grads(ctx.arg("script"))
+        if handled:
+            return
+        fix = Fix("pass --gradient_checkpointing_kwargs '{\"use_reentrant\": false}'", safe=True)
+        if handled is False:
+            yield self.finding(ctx, f"LoRA with reentrant gradient checkpointing and {ctx.arg('script')} calls neither "
+                               "enable_input_require_grads() nor prepare_model_for_kbit_training(): no gradient may "
+                               "reach the adapters inside checkpointed blocks", "args.gradient_checkpointing_kwargs",
+                               fix=fix)
+            return
+        yield self.finding(ctx, "LoRA with gradient_checkpointing and use_reentrant not set to False: if the script "
+                           "does not call enable_input_require_grads(), no gradient reaches the adapters (pass --cmd "
+                           "with the script so lint can check)", "args.gradient_checkpointing_kwargs", fix=fix,
+                           severity=Severity.INFO)

@@ -58,7 +58,9 @@ class TransformersGaLossBug(Rule):
 
     What: the gradient-accumulation loss fixes of 4.46 introduced regressions: losses "5x to 10x"
     higher (#34263), "very large" with models taking loss_kwargs in 4.48.0 (#35663, fixed by #35651).
-    Not a dead run, but thresholds and comparisons break.
+    Not a dead run, but thresholds and comparisons break. The bug is in the HF Trainer's loss: only
+    configs the Trainer runs are affected (arguments only it takes, a framework built on it, or "auto"
+    values); Megatron and pipeline configs are not. With GA unknown ("auto", no arguments) it is an info.
 
     Fix (manual): upgrade transformers to >= 4.49.
     """
@@ -72,23 +74,34 @@ class TransformersGaLossBug(Rule):
                 "https://github.com/huggingface/transformers/issues/35663",
                 "https://github.com/huggingface/transformers/pull/35651")
     examples = (
-        Example({"gradient_accumulation_steps": 8}, valid=False, env={"transformers": "4.46.1"}),
+        Example({"gradient_accumulation_steps": 8}, valid=False, env={"transformers": "4.46.1"},
+                args={"per_device_train_batch_size": 4}),
         Example({"gradient_accumulation_steps": 1}, valid=True, env={"transformers": "4.46.1"}),
         Example({"gradient_accumulation_steps": 8}, valid=True, env={"transformers": "4.49.0"}),
+        Example({"gradient_accumulation_steps": 8}, valid=True, env={"transformers": "4.47.0"},
+                args={"micro-batch-size": 1, "pipeline-model-parallel-size": 2}, note="Megatron: no HF Trainer"),
+        Example({"gradient_accumulation_steps": 8, "train_micro_batch_size_per_gpu": 4}, valid=True,
+                env={"transformers": "4.47.0"}, note="no arguments, no \"auto\": nothing says the Trainer runs it"),
+        Example({"gradient_accumulation_steps": 8, "train_micro_batch_size_per_gpu": "auto"}, valid=False,
+                env={"transformers": "4.47.0"}),
     )
 
     def check(self, ctx: LintContext) -> Iterable[Finding]:
-        if not kt.GA_LOSS_SCALE.affects("transformers", ctx.version("transformers")):
+        if not ctx.hf_trainer or not kt.GA_LOSS_SCALE.affects("transformers", ctx.version("transformers")):
             return
         ga = as_number(ctx.config.get("gradient_accumulation_steps"))
         if ga is None:
             ga = as_number(ctx.arg("gradient_accumulation_steps"))
         if ga is not None and ga <= 1:
             return
-        shown = f"{ga:g}" if ga else "unknown"
-        yield self.finding(ctx, f"transformers {ctx.version('transformers')} with gradient accumulation ({shown}) reports "
-                           "wrongly scaled losses (#34263, #35663)", "env.transformers",
-                           fix=Fix("upgrade transformers to >= 4.49", safe=True))
+        fix = Fix("upgrade transformers to >= 4.49", safe=True)
+        if ga is None:
+            yield self.finding(ctx, f"transformers {ctx.version('transformers')}: if the run accumulates gradients "
+                               "(gradient_accumulation_steps is not known here), the Trainer reports wrongly scaled "
+                               "losses (#34263, #35663)", "env.transformers", fix=fix, severity=Severity.INFO)
+            return
+        yield self.finding(ctx, f"transformers {ctx.version('transformers')} with gradient accumulation ({ga:g}) reports "
+                           "wrongly scaled losses (#34263, #35663)", "env.transformers", fix=fix)
 
 
 class DeepSpeedBf16Unclipped(Rule):

@@ -145,6 +145,7 @@ class AutoBucketOverlap(Rule):
     """
 
     issues = ("zero12-overlap-race", "zero12-compile-stream-race")
+    root_cause = "DSC101"  # overlap_comm off removes the reason for bigger buckets
     code = "DSC103"
     name = "zero.auto-bucket-overlap"
     severity = Severity.WARNING
@@ -191,6 +192,7 @@ class MultiRankBucketAllreduce(Rule):
     """
 
     issues = ("zero12-multi-rank-bucket",)
+    root_cause = "DSC101"  # overlap_comm off is the workaround for both (#5242)
     code = "DSC104"
     name = "zero.multi-rank-bucket-allreduce"
     severity = Severity.WARNING
