@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from lossguard.watch.process import group_members
+from lossguard.procs import job_members as group_members  # token None: the process group alone
 
 from .watch_helpers import assert_no_orphans, child, env, report, run_watch, watch_cmd
 
@@ -184,6 +185,33 @@ print("launcher done")
     assert_no_orphans(data)
 
 
+def test_leftover_in_a_session_of_its_own_is_terminated(tmp_path):
+    """torchrun starts each rank in a session of its own, outside the command's process group: a rank
+    left running after the launcher exits is still the command's (it carries watch's job token)."""
+    code = """
+import subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL, start_new_session=True)
+print("rank pid", rank.pid)
+"""
+    result = run_watch("--grace", "0.5", "--report", str(tmp_path), "--", *child(code))
+    assert result.returncode == 0
+    rank = int(result.stdout.decode().split("rank pid ")[1].split()[0])
+    assert [s["signal"] for s in report(tmp_path)["watch"]["signals"]] == ["SIGTERM"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(rank):
+        time.sleep(0.1)
+    assert not _alive(rank), f"the rank {rank} outside the process group outlived watch"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
 def test_ctrl_c_is_forwarded_and_the_childs_status_returned(tmp_path):
     code = """
 import sys, time
@@ -228,6 +256,7 @@ time.sleep(60)
 def test_sigterm_to_watch_is_forwarded(tmp_path):
     code = """
 import time
+from pathlib import Path
 print("ready", flush=True)
 time.sleep(60)
 """

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import lossguard
-from lossguard.watch.process import group_members
+from lossguard.procs import job_members as group_members  # token None: the process group alone
 
 SRC_DIR = str(Path(lossguard.__file__).resolve().parent.parent)
 JOBS_DIR = Path(__file__).resolve().parent / "watch_jobs"

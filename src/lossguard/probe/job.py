@@ -5,9 +5,8 @@ file. However the job ends (it exits, it overstays its deadline, the caller rais
 to stop), every process of the job is sent SIGTERM, then SIGKILL after a grace period, until none lives.
 
 "Every process of the job" is its process group plus every process carrying the job's token in its
-environment (`LOSSGUARD_JOB`, inherited by everything the job forks). The group alone is not enough:
-torchrun starts each rank in a session of its own, so a launcher killed on its own, or a group signalled
-without the launcher's help, leaves ranks training on, orphaned.
+environment (lossguard/procs.py): torchrun starts each rank in a session of its own, so a launcher killed
+on its own, or a group signalled without the launcher's help, would leave ranks training on, orphaned.
 
 The caller's own termination is covered too: every running job is registered, `atexit` stops them all,
 and `stop_jobs_on_signals()` (used by the CLI commands and the bench scripts) turns SIGTERM / SIGHUP /
@@ -23,14 +22,14 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from lossguard.procs import JOB_ENV, job_members, new_token
 
 TERM_GRACE_S = 10.0  # torchrun forwards SIGTERM to its ranks and waits for them: give it that time
 KILL_GRACE_S = 5.0
 _GONE_POLL_S = 0.1
-JOB_ENV = "LOSSGUARD_JOB"  # the token every process of a job inherits
 
 _running: set[Job] = set()
 _running_lock = threading.RLock()  # re-entrant: the signal handler may run while this thread holds it
@@ -46,7 +45,7 @@ class Job:
         self.log_path = Path(log_path)
         self.start_s = time.monotonic()
         self.timed_out = False
-        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        self.token = new_token()
         env = {**(os.environ if env is None else env), JOB_ENV: self.token}
         with open(self.log_path, "wb") as log:
             # start_new_session: the job gets a process group of its own, away from the caller's terminal.
@@ -116,38 +115,6 @@ class Job:
                 return True
             time.sleep(_GONE_POLL_S)
         return not self.members()
-
-
-def job_members(pgid: int, token: str) -> list[int]:
-    """Live (not zombie) processes in process group `pgid` or with `LOSSGUARD_JOB=token` in their environment."""
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():  # no procfs (macOS): signal 0 tells whether the group has a member left
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    marker = f"{JOB_ENV}={token}".encode()
-    members = []
-    for entry in proc_dir.iterdir():
-        if entry.name.isdigit() and _is_member(entry, pgid, marker):
-            members.append(int(entry.name))
-    return members
-
-
-def _is_member(entry: Path, pgid: int, marker: bytes) -> bool:
-    try:
-        stat = (entry / "stat").read_text()
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]  # after "(comm)", which may hold spaces
-        if state == "Z":
-            return False
-        if int(pgrp) == pgid:
-            return True
-        return marker in (entry / "environ").read_bytes().split(b"\0")
-    except (OSError, ValueError):  # exited while we looked, or another user's process
-        return False
 
 
 def stop_all_jobs() -> None:

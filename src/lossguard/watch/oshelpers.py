@@ -1,4 +1,4 @@
-"""Small OS helpers for `watch`: process groups, exit codes, non-blocking writes, pidfds, self-pipes."""
+"""Small OS helpers for `watch`: exit codes, non-blocking writes, pidfds, self-pipes."""
 
 from __future__ import annotations
 
@@ -12,31 +12,6 @@ _PIPE_BYTES = 1 << 20  # ask Linux for 1 MiB pipes: fewer wake-ups, the child ra
 def exit_code_for(returncode: int) -> int:
     """A shell's convention: 128+N for a command killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`."""
-    if not os.path.isdir("/proc"):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
-            members.append(int(name))
-    return members
 
 
 def write_all(fd: int, data: bytes) -> bool:

@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lossguard.procs import JOB_ENV, job_members, new_token
 from lossguard.watch.analyzer import Alert, LiveAnalyzer
 from lossguard.watch.banner import render_banner
 from lossguard.watch.lines import LineAssembler
-from lossguard.watch.oshelpers import (  # noqa: F401  (exit_code_for, group_members: public via this module)
+from lossguard.watch.oshelpers import (  # noqa: F401  (exit_code_for: public via this module)
     drain_socket,
     exit_code_for,
-    group_members,
     in_main_thread,
     pidfd_open,
     try_grow_pipe,
@@ -158,6 +158,8 @@ class Watcher:
 
     def _spawn(self) -> subprocess.Popen:
         env = dict(os.environ if self.config.env is None else self.config.env)
+        # The token marks every process of the command, torchrun's ranks too (sessions of their own).
+        self._token = env[JOB_ENV] = new_token()
         if self.config.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
@@ -344,9 +346,16 @@ class Watcher:
         self._stop_deadline = time.monotonic() + wait
 
     def _send(self, signum: int, why: str) -> None:
-        try:
+        sent = False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._pgid, signum)
-        except (ProcessLookupError, PermissionError):
+            sent = True
+        if signum != signal.SIGINT:  # Ctrl-C goes to the launcher alone, which hands it on as it does
+            for pid in self._members():  # ranks outside the group (torchrun's sessions)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+                    sent = True
+        if not sent:
             return
         self.outcome.signals.append(SignalSent(round(time.monotonic() - self._t0, 3),
                                                signal.Signals(signum).name, why))
@@ -359,6 +368,9 @@ class Watcher:
                 # What the command leaves running in its group gets the grace period, then SIGTERM.
                 self._stop_deadline = time.monotonic() + self.config.grace_s
 
+    def _members(self) -> list[int]:
+        return job_members(self._pgid, self._token)
+
     def _group_alive(self) -> bool:
         if self.outcome.returncode is None:
             return True
@@ -366,7 +378,7 @@ class Watcher:
         if now < self._next_group_poll:
             return self._last_alive
         self._next_group_poll = now + _GROUP_POLL_S
-        self._last_alive = bool(group_members(self._pgid))
+        self._last_alive = bool(self._members())
         return self._last_alive
 
     def _tick(self) -> None:
@@ -386,7 +398,7 @@ class Watcher:
             if not exited or self._group_alive():
                 if self._stage >= len(_STOP_SIGNALS):
                     self._gave_up = True
-                    self.outcome.leftovers = group_members(self._pgid)
+                    self.outcome.leftovers = self._members()
                 elif self._stage == 0:  # the command exited and left processes in its group
                     self._escalate(2, "left running in the command's process group after it exited")
                 else:
