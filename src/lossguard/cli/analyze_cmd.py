@@ -41,7 +41,7 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     if fmt == "json":
         from lossguard.report.json_report import write_json
 
-        write_json(diagnosis.to_dict(), sys.stdout)
+        write_json(_with_gathering(diagnosis), sys.stdout)
     else:
         from lossguard.report.terminal import render
 
@@ -55,3 +55,13 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     if should_fail(diagnosis.findings, fail_on):
         sys.exit(1)
 
+
+
+def _with_gathering(diagnosis) -> dict:
+    """The JSON contract plus what the gatherer did: `incomplete` (reasons; [] when everything was read)
+    and `inputs_skipped` (path: why). The verdict values stay healthy / warning / broken."""
+    out = diagnosis.to_dict()
+    out["incomplete"] = list(getattr(diagnosis, "incomplete", []))
+    gathering = getattr(diagnosis, "gathering", None)
+    out["inputs_skipped"] = list(gathering.skipped) if gathering is not None else []
+    return out

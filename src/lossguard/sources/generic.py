@@ -21,10 +21,10 @@ _NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|i
 # or a progress counter `i/N` (tqdm's `26/101 [`, mmengine-like `[1480/1504]`).
 TOKEN = re.compile(
     rb"(?<![\w./])(\d+) ?/ ?(\d+)(?![\w./])"
-    rb"|([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
+    rb"|(?<![\w./@-])[\d./@-]*([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
     rb"(" + _NUMBER + rb")(?![\w.])['\"]?(?:\s*/\s*(\d+))?")
 # tqdm's `[elapsed<remaining, rate, postfix]` closes one progress-bar redraw: what follows is another line.
-TQDM_END = re.compile(rb"\[[\d:?]+<[^\]]*\]")
+TQDM_END = re.compile(rb"\[[\d:?]+<[^\]\[]*\]")
 # torchtune's progress description `epoch|step|Loss: x`.
 PIPE_STEP = re.compile(rb"(?<![\w.|])\d+\|(\d+)\|(?=[A-Za-z])")
 # `print(loss)` in a custom loop: the line is the loss tensor and nothing else.
@@ -141,7 +141,7 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
 
 def _add(segment: Segment, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:
     if role == _STEP:
-        if value != value or value < 0:  # a nan step is no step
+        if not 0 <= value < 1e15:  # a nan, inf or absurd step is no step
             return
         if of_total is not None:  # `step 63/64`: a position within the epoch, like a progress counter
             segment.counter = (int(value), int(of_total))

@@ -13,24 +13,38 @@ from pathlib import Path
 
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import STEP_KEYS, canonical, to_float
+from lossguard.sources import patterns as P
 from lossguard.sources.base import SourceError
+from lossguard.sources.scan import ScanCounts, bounded_lines
 
 
-def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[Record]:
-    ordinal = 0
-    last_step: int | None = None
+def rows_to_records(rows: Iterable[tuple[int | None, dict]], source: str) -> Iterator[Record]:
+    reader = RowReader(source)
     for line_no, row in rows:
+        record = reader.record(line_no, row)
+        if record is not None:
+            yield record
+
+
+class RowReader:
+    """`{key: value}` rows -> records, one row at a time (a JSONL file may mix rows with text lines)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.ordinal = 0
+        self.last_step: int | None = None
+
+    def record(self, line_no: int | None, row: object) -> Record | None:
         if not isinstance(row, dict):
-            continue
+            return None
         step = _step_of(row)
-        ordinal += 1
-        if step is None and last_step is not None:
-            step = last_step  # a row without a step (predict metrics) in a log that has them: the last step
-        last_step = step
+        self.ordinal += 1
+        if step is None and self.last_step is not None:
+            step = self.last_step  # a row without a step (predict metrics) in a log that has them: the last step
+        self.last_step = step
         if "train_runtime" in row:
-            yield Record(step=step, kind=EVENT, event="train-summary", source=source, line_no=line_no,
-                         data={k: v for k, v in row.items() if isinstance(v, (int, float))})
-            continue
+            return Record(step=step, kind=EVENT, event="train-summary", source=self.source, line_no=line_no,
+                          data={k: v for k, v in row.items() if isinstance(v, (int, float))})
         signals = {}
         for key, value in row.items():
             name = canonical(str(key))
@@ -38,19 +52,19 @@ def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[R
             if name is not None and number is not None:
                 signals[name] = number
         if not signals.keys() - {"epoch"}:
-            continue
+            return None
         # An eval key counts only with a value: LLaMA-Factory's trainer_log.jsonl carries "eval_loss": null
         # on every training row.
         is_eval = any(str(k).startswith(("eval_", "eval/")) and to_float(v) is not None for k, v in row.items())
-        yield Record(step=ordinal if step is None else step, signals=signals,
-                     kind=EVAL if is_eval else TRAIN, source=source, line_no=line_no,
-                     step_is_ordinal=last_step is None)
+        return Record(step=self.ordinal if step is None else step, signals=signals,
+                      kind=EVAL if is_eval else TRAIN, source=self.source, line_no=line_no,
+                      step_is_ordinal=self.last_step is None)
 
 
 def _step_of(row: dict) -> int | None:
     for key in STEP_KEYS:
         value = to_float(row.get(key))
-        if value is not None:
+        if value is not None and 0 <= value < 1e15:  # an inf or absurd step is no step
             return int(value)
     value = row.get("global_step/max_steps")  # ms-swift
     if isinstance(value, str) and value.split("/")[0].isdigit():
@@ -118,20 +132,32 @@ class JsonLinesSource:
             return False
         return isinstance(row, dict) and (_step_of(row) is not None or "loss" in row) and "lossguard" not in row
 
-    def parse(self, path: Path) -> Iterator[Record]:
-        yield from rows_to_records(_json_rows(path), path.name)
+    def parse(self, path: Path, counts: ScanCounts | None = None) -> Iterator[Record]:
+        """Each line on its own: a JSON object is a row, any other line goes to the text-log parser (a stdout
+        log whose first line happens to be a JSON record is still read whole)."""
+        from lossguard.sources.text_log import TextLogParser
+
+        rows, text = RowReader(path.name), TextLogParser(path.name)
+        with open(path, "rb") as handle:
+            for line_no, line in bounded_lines(handle, counts):
+                row = _json_row(line)
+                if row is not None:
+                    if (record := rows.record(line_no, row)) is not None:
+                        text.last_step = record.step if record.kind == TRAIN else text.last_step
+                        yield record
+                elif P.ANCHORS.search(line):
+                    yield from text.parse_line(line.rstrip(b"\r\n"), line_no)
 
 
-def _json_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line_no, line in enumerate(handle, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a live run is expected; skip, never fail the whole file
+def _json_row(line: bytes) -> dict | None:
+    line = line.strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return None  # a torn last line of a live run, or a text line: never fail the whole file
+    return row if isinstance(row, dict) else None
 
 
 class CsvSource:
