@@ -59,8 +59,9 @@ def test_masked_labels_trainer_run_is_stopped(tmp_path):
     watch = data["watch"]
     assert watch["halted"] and watch["signals"][0]["signal"] == "SIGINT"
     logs = logged_steps(result.stdout)
-    # The second (0, 0) log reveals it; at most one more logging interval may have been printed.
-    assert 2 <= len(logs) <= 3, logs
+    # The first (0, 0) log already proves it (one log with loss and grad_norm exactly 0); at most one more
+    # logging interval may have been printed before the stop landed.
+    assert 1 <= len(logs) <= 2, logs
     assert all(log["loss"] == "0" and log["grad_norm"] == "0" for log in logs)
     assert b"lossguard: BROKEN" in result.stderr and b"masked-labels" in result.stderr
     assert_no_orphans(data)

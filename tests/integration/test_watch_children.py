@@ -116,7 +116,7 @@ def test_halt_on_broken_stops_at_the_revealing_line(tmp_path):
     data = report(tmp_path)
     assert data["signature"] == "masked-labels" and data["verdict"] == "broken"
     watch = data["watch"]
-    assert watch["halted"] and watch["halt_line"] == 2  # two (0, 0) logs reveal it
+    assert watch["halted"] and watch["halt_line"] == 1  # one (0, 0) log reveals it
     assert [s["signal"] for s in watch["signals"]] == ["SIGINT"]  # python dies of KeyboardInterrupt
     assert watch["returncode"] != 0
     printed = result.stdout.count(b"{'loss'")

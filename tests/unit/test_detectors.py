@@ -104,6 +104,22 @@ def test_lr_zero_beyond_the_first_log():
     assert run(logs((2.0, 1.3, 0.0), (1.9, 1.2, 1e-4), (1.8, 1.1, 1e-4))).verdict == "healthy"
 
 
+def test_lr_zero_run_ends_at_a_nonzero_lr_and_skips_skipped_steps():
+    """LR001 is handed only zero-LR logs: a non-zero LR between them (a log it never sees) still ends the
+    run, fed one by one or in a batch; a zero-LR log whose step was skipped neither counts nor ends it."""
+    broken = logs((2.0, 1.3, 0.0), (2.0, 1.2, 0.0), (2.0, 1.2, 1e-4), (2.0, 1.25, 0.0), (2.0, 1.3, 0.0))
+    assert run(broken).signature != "lr-zero"
+    engine = Engine(make_detectors())
+    for record in broken:
+        engine.feed(record)
+    assert "LR001" not in {f.code for f in engine.finish().findings}
+    skipped = logs((2.0, 1.3, 0.0), (2.0, math.inf, 0.0), (2.0, 1.2, 0.0), (2.0, 1.25, 0.0))
+    d = run(skipped)
+    assert (d.signature, d.onset_step) == ("lr-zero", 1)
+    lr001 = next(f for f in d.findings if f.code == "LR001")
+    assert lr001.data.get("occurrences", 1) == 1  # reached 3 at step 4 only: the skipped step 2 not counted
+
+
 def test_flat_loss_is_not_learning():
     d = run(logs(*[(2.9, 1.3 + 0.01 * i, 1e-4) for i in range(10)]))
     assert (d.signature, d.onset_step) == ("not-learning", 1)
@@ -156,3 +172,28 @@ def test_a_few_label_masking_warnings_are_a_warning_and_never_hide_a_later_death
     dead = logs(*[(0.0, math.nan, 1e-5)] * 5, start=41)
     d = run(healthy[:10] + warnings[:1] + healthy[10:] + warnings[1:] + dead)
     assert (d.verdict, d.signature, d.onset_step) == ("broken", "nonfinite-hidden", 41)
+
+
+def test_intermittent_fp16_skips_while_training_proceeds_are_not_a_storm():
+    """A PPO run: the scale goes 32 -> 16 -> 8, an OVERFLOW line every other iteration, losses still moving."""
+    records, scale = [], 32.0
+    for step in range(1, 41):
+        if step % 2 == 0:
+            scale = max(8.0, scale / 2)
+            records.append(event("overflow", step=step, attempted_scale=scale * 2, new_scale=scale))
+        records.append(Record(step=step, signals={"loss": 1.5 - 0.02 * step + 0.05 * (step % 3), "lr": 1e-5}))
+    d = run(records)
+    assert d.verdict in ("healthy", "warning")
+    storm = [f for f in d.findings if f.code == "SCALE001"]
+    assert storm and all(str(f.severity) == "info" for f in storm)
+
+
+def test_fp16_scale_driven_to_a_fraction_is_a_storm():
+    """fairseq's scales go below 1: a scale of 0.0005 reached between applied steps is a storm all the same."""
+    records = logs((3.0, 1.2, 1e-4), (2.9, 1.1, 1e-4))
+    for step, scale in zip((3, 5, 7), (4.0, 2.0, 0.0005)):
+        records.append(event("overflow", step=step, attempted_scale=scale * 2, new_scale=scale))
+        records += logs((2.9 - 0.01 * step, 1.0, 1e-4), (2.85 - 0.01 * step, 1.0, 1e-4), start=step)
+    d = run(records)
+    assert d.signature == "fp16-overflow"
+    assert any(f.code == "SCALE001" and "driven down to 0.0005" in f.message for f in d.findings)

@@ -22,9 +22,8 @@ class Detector(Protocol):
     # only records carrying one of them to it; without `wants` it sees every record.
     # Optional `calm = {signal: column_test}` (core/calm.py): the engine routes it only the records that
     # fail a test; what it must know about the others it reads from the bound SignalCounts.
-    # Legacy, still on SCALE001, LR001 and the loss trends: `absorb(batch) -> bool` (core/batch.py): take a run of plain train records at once when
-    # none of them can raise a finding, updating the state exactly as `observe` would; else return
-    # False with the state untouched. Without it, `feed_all` feeds those records to `observe`.
+    # Optional `reads_profile = True`: it is also routed the train records the engine's loss profile
+    # marks (core/profile.py) and reads their `Reading` from the bound profile.
 
     def observe(self, record: Record) -> list[Finding]: ...
 

@@ -15,6 +15,7 @@ from lossguard.core.calm import SignalCounts
 from lossguard.core.detector import Detector
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Finding, Severity
+from lossguard.core.profile import LossProfile
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.series import SeriesBook
 
@@ -22,9 +23,8 @@ from lossguard.core.series import SeriesBook
 _CONTEXT_BEFORE = 6
 _CONTEXT_AFTER = 6
 _MAX_FINDINGS = 500  # per code; a dead run can raise one finding per step for a million steps
-# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one
-# `absorb` call per detector) is noise, small enough that a batch with one odd record sends few
-# records down the per-record path.
+# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one calm
+# test per detector and signal) is noise.
 _BATCH = 512
 
 
@@ -55,9 +55,10 @@ class Engine:
         # Handed in (lossguard.detectors.make_detectors() for the built-ins): core imports no detector.
         self.detectors = list(detectors)
         self.counts = SignalCounts()  # what detectors with `calm` read about the records they skip
+        self.profile = LossProfile()  # what the loss-trend detectors read (core/profile.py)
         for detector in self.detectors:
             if (bind := getattr(detector, "bind", None)) is not None:
-                bind(self.counts)
+                bind(self.counts, self.profile)
         self.facts = facts or RunFacts()
         self.stats = Stats()
         self.series = SeriesBook()
@@ -75,11 +76,15 @@ class Engine:
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, record: Record) -> list[Finding]:
         self._start()
-        self._account(record)
+        self._account([record])
+        self.profile.reading = None
         if record.kind == TRAIN:
             self.counts.advance_record(record.rank, record.signals)
+            columns = {name: [value] for name, value in record.signals.items()}
+            self.profile.reading = self.profile.advance(record.rank, columns, [record.step], 0, 1).get(0)
         new = self._observe(record)
-        self._keep(record, new)
+        if not (record.kind == EVENT and record.event == "facts"):
+            self._keep([record], new)
         return self._collect(new)
 
     def _observe(self, record: Record, only: set[int] | None = None) -> list[Finding]:
@@ -139,38 +144,38 @@ class Engine:
     def _feed_batch(self, records: list[Record], on_findings=None) -> None:
         self._start()
         batch = Batch(records)
-        self._account_batch(batch)
+        self._account(records, batch.steps, batch.columns)
         routed = self._route_batch(batch)
+        readings = self.profile.advance(batch.rank, batch.columns, batch.steps, 0, len(records))
+        if readings:  # records the loss profile marked go to the detectors that read it
+            readers = {id(d) for d in self.detectors if getattr(d, "reads_profile", False)}
+            for index in readings:
+                routed.setdefault(index, set()).update(readers)
         done = 0
         for index in sorted(routed):  # in order, each record to the detectors it concerns
             self.counts.advance(batch.rank, batch.columns, done, index + 1)
-            self._keep_run(records[done:index])
+            self.profile.reading = readings.get(index)
             record = records[index]
             new = self._observe(record, only=routed[index])
-            self._keep(record, new)
+            self._keep(records[done:index + 1], new)
             if (kept := self._collect(new)) and on_findings is not None:
                 on_findings(record, kept)
             done = index + 1
         self.counts.advance(batch.rank, batch.columns, done, len(records))
-        self._keep_run(records[done:])
+        self._keep(records[done:])
 
     def _route_batch(self, batch: Batch) -> dict[int, set[int]]:
         """Record index -> ids of the detectors that must observe it: a detector with `calm` (core/calm.py)
-        gets the records that fail one of its tests; one with `absorb` every record when it declines."""
+        gets the records that fail one of its tests; one without, every record."""
         names = batch.columns.keys()
         routed: dict[int, set[int]] = {}
         for detector in self.detectors:
             wants = getattr(detector, "wants", None)
             if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
                 continue
-            calm, absorb = getattr(detector, "calm", None), getattr(detector, "absorb", None)
+            calm = getattr(detector, "calm", None)
             try:
-                if calm is not None:
-                    indices = _not_calm(calm, batch.columns)
-                elif absorb is not None and absorb(batch):
-                    continue
-                else:
-                    indices = range(len(batch.records))
+                indices = range(len(batch.records)) if calm is None else _not_calm(calm, batch.columns)
             except Exception as exc:  # as in `feed`: reported once, the detector switched off
                 self._collect([self._internal_error(detector, exc)])
                 continue
@@ -210,73 +215,54 @@ class Engine:
         )
 
     # -- bookkeeping -----------------------------------------------------------------------------
-    def _account(self, record: Record) -> None:
-        stats = self.stats
-        stats.sources[record.source] += 1
-        if record.rank is not None:
-            stats.ranks.add(record.rank)
-        if record.kind == EVENT:
-            stats.events[record.event] += 1
-            if record.event == "facts":
-                for name, value in record.data.items():
-                    if hasattr(self.facts, name) and name != "origin":
-                        self.facts.set(name, value, record.where or "log")
-            return
-        if record.kind == TRAIN:
-            stats.num_train += 1
-        elif record.kind == EVAL:
-            stats.num_eval += 1
-        if record.step is not None:
-            if stats.first_step is None:
-                stats.first_step = record.step
-            stats.last_step = record.step if stats.last_step is None else max(stats.last_step, record.step)
-            stats.steps_are_ordinal = stats.steps_are_ordinal or record.step_is_ordinal
-            for name, value in record.signals.items():
-                self.series.add(name, record.rank, record.step, value)
-
-    def _account_batch(self, batch: Batch) -> None:
-        """`_account` for a run of train records (one rank, numbers only)."""
-        stats, records = self.stats, batch.records
-        sources = {r.source for r in records}
-        if len(sources) == 1:
-            stats.sources[records[0].source] += len(records)
+    def _account(self, records: list[Record], steps: list | None = None, columns: dict | None = None) -> None:
+        """Stats and series for one record, or for a batch run (one rank and kind, every step known, its
+        `steps` and `columns` given): the one path both take."""
+        stats, first = self.stats, records[0]
+        if len({record.source for record in records}) == 1:  # a set is C speed; Counter.update is not
+            stats.sources[first.source] += len(records)
         else:
-            stats.sources.update(r.source for r in records)
-        if batch.rank is not None:
-            stats.ranks.add(batch.rank)
-        stats.num_train += len(records)
+            stats.sources.update(record.source for record in records)
+        if first.rank is not None:
+            stats.ranks.add(first.rank)
+        if first.kind == EVENT:
+            stats.events[first.event] += 1
+            if first.event == "facts":
+                for name, value in first.data.items():
+                    if hasattr(self.facts, name) and name != "origin":
+                        self.facts.set(name, value, first.where or "log")
+            return
+        if first.kind == TRAIN:
+            stats.num_train += len(records)
+        elif first.kind == EVAL:
+            stats.num_eval += len(records)
+        if first.step is None:
+            return
+        if columns is None:
+            steps, columns = [first.step], {name: [value] for name, value in first.signals.items()}
         if stats.first_step is None:
-            stats.first_step = records[0].step
-        top = max(batch.steps)
+            stats.first_step = first.step
+        top = max(steps)
         stats.last_step = top if stats.last_step is None else max(stats.last_step, top)
         stats.steps_are_ordinal = stats.steps_are_ordinal or any(r.step_is_ordinal for r in records)
-        for name, column in batch.columns.items():
+        for name, column in columns.items():
             if None in column:
-                steps = [s for s, v in zip(batch.steps, column) if v is not None]
+                kept = [s for s, v in zip(steps, column) if v is not None]
                 column = [v for v in column if v is not None]
             else:
-                steps = batch.steps
-            self.series.add_many(name, batch.rank, steps, column)
+                kept = steps
+            self.series.add_many(name, first.rank, kept, column)
 
-    def _keep_run(self, records: list[Record]) -> None:
-        """`_keep` for records that raised no finding."""
+    def _keep(self, records: list[Record], new: list[Finding] | tuple = ()) -> None:
+        """Records for the timeline around the onset; `new` are the findings the last of them raised."""
         if self._window is None:
             self._recent.extend(records)
+            if new and any(f.severity >= Severity.WARNING for f in new):
+                self._window = list(self._recent)
         elif self._after_left > 0:
             taken = records[: self._after_left]
             self._window.extend(taken)
             self._after_left -= len(taken)
-
-    def _keep(self, record: Record, new: list[Finding]) -> None:
-        if record.kind == EVENT and record.event == "facts":
-            return
-        if self._window is None:
-            self._recent.append(record)
-            if new and any(f.severity >= Severity.WARNING for f in new):
-                self._window = list(self._recent)
-        elif self._after_left > 0:
-            self._window.append(record)
-            self._after_left -= 1
 
     def _collect(self, new: list[Finding]) -> list[Finding]:
         kept = []

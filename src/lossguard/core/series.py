@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lossguard.core.batch import all_finite
+from lossguard.core.calm import finite
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class Downsampled:
 
     def add_many(self, steps: list[int], values: list[float]) -> None:
         """`add` for each pair, jumping straight to the points it keeps when every value is finite."""
-        if not all_finite(values):
+        if not finite(values):
             for step, value in zip(steps, values):
                 self.add(step, value)
             return

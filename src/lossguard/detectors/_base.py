@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 
 from lossguard.core.calm import SignalCounts
 from lossguard.core.findings import Finding, Severity
+from lossguard.core.profile import LossProfile
 
 S = TypeVar("S")
 
@@ -87,10 +88,14 @@ class Streak:
     last_seq: int | None = None
     first_seq: int | None = None  # the seq where the current run began
 
-    def update(self, holds: bool, step: int | None, seq: int | None = None) -> int:
+    def follow(self, seq: int | None) -> None:
+        """A record seen that neither continues nor ends the run: the next one still follows it."""
         if seq is not None and self.last_seq is not None and seq != self.last_seq + 1:
             self.count = 0
         self.last_seq = seq
+
+    def update(self, holds: bool, step: int | None, seq: int | None = None) -> int:
+        self.follow(seq)
         if not holds:
             self.count = 0
         else:
@@ -136,11 +141,14 @@ class DetectorBase:
     def __init__(self) -> None:
         self.fired: Finding | None = None
         self.count = 0
-        # The engine binds its own; alone (unit use) nothing advances it and every seq reads 0.
+        # The engine binds its own; alone (unit use) nothing advances them: every seq reads 0, no profile.
         self.counts = SignalCounts()
+        self.profile = LossProfile()
 
-    def bind(self, counts: SignalCounts) -> None:
+    def bind(self, counts: SignalCounts, profile: LossProfile | None = None) -> None:
         self.counts = counts
+        if profile is not None:
+            self.profile = profile
 
     def emit(self, message: str, step: int | None, rank: int | None = None, *,
              severity: Severity | None = None, signature: str | None = None, **data) -> list[Finding]:

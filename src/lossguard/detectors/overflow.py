@@ -3,27 +3,31 @@ falling to its floor, the LR frozen because DeepSpeed steps the scheduler only o
 
 The start-up calibration is benign: DeepSpeed starts at 2^16 (or 2^32) and halves the scale on the
 first steps until gradients fit. A storm is a streak of skips *after* steps have been applied, a
-scale driven below 2^8, or DeepSpeed's own "already at minimum".
+scale driven to 1 or below (DeepSpeed's `min_loss_scale` default; fairseq's scales go below 1), or
+DeepSpeed's own "already at minimum". Intermittent skips while training proceeds (a scale that settles
+at 8 with an overflow every other step and the loss still moving) are not a storm: the INFO finding.
 """
 
 from __future__ import annotations
 
-from lossguard.core.batch import Batch, all_finite, grows
+from lossguard.core.calm import nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
 from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
-_FLOOR_SCALE = 256.0
+_FLOOR_SCALE = 1.0  # DeepSpeed's min_loss_scale default: a scale at or under it cannot halve again
 
 
 @register
 class OverflowStorm(DetectorBase):
     """SCALE001: fp16 overflow storm: skipped steps in a row after training had started, the loss scale
-    at its floor, an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
+    driven to 1 or below (or DeepSpeed's "already at minimum"), an overflow whose forward loss is itself non-finite, or (in logs without OVERFLOW
     lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
-    DeepSpeed steps the scheduler only on applied steps. Under bf16 (`check_grad_overflow` skips) the
+    DeepSpeed steps the scheduler only on applied steps. It reads every train record of rank 0 and the
+    run-level log (an applied step ends a run of skips; the frozen-LR rule compares consecutive LRs), so it
+    declares no `calm`. Under bf16 (`check_grad_overflow` skips) the
     same storm is reported as `nonfinite`."""
 
     wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
@@ -72,33 +76,6 @@ class OverflowStorm(DetectorBase):
         if record.signals.get("loss") is not None and record.step != self._last_skip_step:
             self._applied(record)
         return self._frozen_lr(record)
-
-    def absorb(self, batch: Batch) -> bool:
-        if batch.rank not in (None, 0):
-            return self._last_skip_step not in batch.steps  # else `observe` keeps no state for them
-        skips = batch.present("skipped_steps")
-        if grows(skips, self._last_skipped_total):
-            return False  # a skipped step: judged one by one
-        losses, raws = batch.column("loss"), batch.column("raw_loss")
-        if 0.0 in losses or 0.0 in raws or not (
-                all_finite(losses) and all_finite(raws) and all_finite(batch.column("grad_norm"))):
-            return False  # a dead or dying log (the LR may be freezing): judged one by one
-        # Every loss is finite and non-zero, so no LR is freezing and every counted loss is an applied
-        # step. Once one was, `_applied_any` stays True and `_streak` 0 until the next skip.
-        skip_column = batch.column("skipped_steps")
-        if not (self._applied_any and self._streak == 0) and any(
-                (raw is not None or loss is not None) if skip is not None else
-                (loss is not None and step != self._last_skip_step)  # as `observe`: not the skipped step's own log
-                for step, skip, loss, raw in zip(batch.steps, skip_column, losses, raws)):
-            self._applied_any, self._streak = True, 0
-        # `_frozen_lr` runs for the logs without a skip counter that carry an LR.
-        lr_tail = [lr for skip, lr in zip(skip_column, batch.column("lr")) if skip is None and lr is not None]
-        if skips:
-            self._last_skipped_total = skips[-1]
-        if lr_tail:
-            self._frozen.count = 0
-            self._lrs = (self._lrs + lr_tail[-3:])[-3:]
-        return True
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow":
@@ -155,7 +132,7 @@ class OverflowStorm(DetectorBase):
         if self._applied_any and self._streak >= _MID_RUN_STREAK:
             return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
                                                   "had started")
-        if self.lowest_scale is not None and self.lowest_scale < _FLOOR_SCALE:
+        if self.lowest_scale is not None and self.lowest_scale <= _FLOOR_SCALE:
             return self._fire(self._streak_since, f"loss scale driven down to {self.lowest_scale:g}")
         return []
 
@@ -197,13 +174,14 @@ class LearningRateZero(DetectorBase):
     severity = Severity.CRITICAL
     _STREAK = 3
 
+    calm = {"lr": nonzero}  # a non-zero LR ends a run of zeros: the engine routes only the zeros
+
     def __init__(self) -> None:
         super().__init__()
         self._zero = Streak()
         self._warned_before_step = 0
-        self._steps: set[int] = set()
+        self._steps: set[int] = set()  # steps counted (a DeepSpeed `step=` line and an HF dict share one)
         self._overflow_steps: set[int] = set()
-        self._skipped_total: float | None = None
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT and record.event == "lr-before-step":
@@ -212,57 +190,32 @@ class LearningRateZero(DetectorBase):
         if record.kind == EVENT and record.event == "overflow" and record.step is not None:
             self._overflow_steps.add(record.step)
             return []
-        lr = record.signals.get("lr")
-        if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
+        if record.kind != TRAIN or record.signals.get("lr") != 0.0 or record.rank not in (None, 0):
+            return []  # a non-zero LR ends the run of zeros: the next zero finds a gap in the LR logs
+        # LR logs of the run-level log and rank 0 so far, the non-zero ones the engine did not route too.
+        seq = self.counts.seq(None, "lr") + self.counts.seq(0, "lr")
+        if record.step in self._steps or record.step in self._overflow_steps or self._skipped(record):
+            self._zero.follow(seq)  # a skipped step does not step the scheduler: not a stuck LR
             return []
-        if record.step in self._steps:  # a DeepSpeed `step=` line and an HF dict for the same step
-            return []
-        skipped = record.signals.get("skipped_steps")
-        step_skipped = bool(record.data.get("step_skipped")) or (
-            skipped is not None and self._skipped_total is not None and skipped > self._skipped_total)
-        loss = record.signals.get("loss")
-        # In a log without skip counters, a non-finite grad norm next to a finite loss is a skipped step.
-        step_skipped = step_skipped or (is_nonfinite(record.signals.get("grad_norm")) and loss is not None
-                                        and loss != 0.0 and not is_nonfinite(loss))
-        if skipped is not None:
-            self._skipped_total = skipped
-        if step_skipped or record.step in self._overflow_steps:
-            return []  # a skipped step does not step the scheduler: fp16 calibration is not a stuck LR
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()
-        if self._zero.update(lr == 0.0, record.step) >= self._STREAK:
+        if self._zero.update(True, record.step, seq) >= self._STREAK:
             why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
                    if self._warned_before_step else "")
             return self.emit(f"learning rate is 0 in {self._zero.count} logs in a row from step "
                              f"{self._zero.since}: the weights are not being updated{why}", self._zero.since)
         return []
 
-    def absorb(self, batch: Batch) -> bool:
-        if batch.rank not in (None, 0):
-            return True  # `observe` reads rank 0 / the run-level log only
-        lrs = batch.column("lr")
-        if 0.0 in lrs:
-            return False
-        # No zero LR: `observe` would only track steps and the skip counter; do that, in order.
-        steps, overflow, total, counted = self._steps, self._overflow_steps, self._skipped_total, False
-        finite_grads = all_finite(batch.column("grad_norm"))
-        for step, lr, skipped, grad, loss in zip(batch.steps, lrs, batch.column("skipped_steps"),
-                                                 batch.column("grad_norm"), batch.column("loss")):
-            if lr is None or step in steps:
-                continue
-            step_skipped = (skipped is not None and total is not None and skipped > total) or (
-                not finite_grads and is_nonfinite(grad) and loss is not None and loss != 0.0
-                and not is_nonfinite(loss))
-            if skipped is not None:
-                total = skipped
-            if step_skipped or step in overflow:
-                continue
-            steps.add(step)
-            if len(steps) > 4096:
-                steps.clear()
-            counted = True
-        self._skipped_total = total
-        if counted:
-            self._zero.count = 0
-        return True
+    def _skipped(self, record: Record) -> bool:
+        """The step of this log was skipped: the skip counter grew, or (in a log without skip counters)
+        the grad norm is non-finite next to a finite loss."""
+        if record.data.get("step_skipped"):
+            return True
+        skipped = record.signals.get("skipped_steps")
+        before = self.counts.previous(record.rank, "skipped_steps")
+        if skipped is not None and before is not None and skipped > before:
+            return True
+        loss = record.signals.get("loss")
+        return is_nonfinite(record.signals.get("grad_norm")) and loss is not None and loss != 0.0 \
+            and not is_nonfinite(loss)
