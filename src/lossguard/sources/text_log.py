@@ -497,11 +497,25 @@ def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
     yield from merged(TextLogParser(source), enumerate(lines, 1))
 
 
+# Control bytes no log writes (tab, newline, CR, form feed, ESC of colours are fine).
+_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 27))
+
+
+def looks_binary(sample: bytes) -> bool:
+    """Weights, archives, images: mostly NUL or many control bytes. A log with a run of NUL bytes (the
+    padding a crashed node leaves in a file being written) is still a log."""
+    text = sample.replace(b"\x00", b"")
+    if len(text) * 2 < len(sample):
+        return True
+    controls = len(text) - len(text.translate(None, _CONTROL))
+    return controls * 20 > len(text)
+
+
 class TextLogSource:
     name = "text"
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        return b"\x00" not in head[:4096]
+        return not looks_binary(head[:4096])
 
     def parse(self, path: Path) -> Iterator[Record]:
         return parse_file(path)
