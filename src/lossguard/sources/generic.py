@@ -28,7 +28,7 @@ TQDM_END = re.compile(rb"\[[\d:?]+<[^\]\[]*\]")
 # torchtune's progress description `epoch|step|Loss: x`.
 PIPE_STEP = re.compile(rb"(?<![\w.|])\d+\|(\d+)\|(?=[A-Za-z])")
 # `print(loss)` in a custom loop: the line is the loss tensor and nothing else.
-BARE_TENSOR = re.compile(rb"\s*tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)\s*")
+BARE_TENSOR = re.compile(rb"tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)")  # on the stripped line
 # A word before the first pair that says the line is an evaluation (fairseq `| valid |`, `Validation:`).
 EVAL_MODE = re.compile(rb"(?i)(?<![\w/])(?:valid|validation|eval|evaluation|val)(?![\w/])")
 # Full-width punctuation (pasted through a Chinese IME or forum): JSON with “”：，
@@ -97,7 +97,7 @@ def read_line(line: bytes) -> list[Segment]:
     if b"\xe2\x80" in line or b"\xef\xbc" in line:
         for wide, narrow in _FULLWIDTH:
             line = line.replace(wide, narrow)
-    if b"tensor(" in line and (bare := BARE_TENSOR.fullmatch(line)):
+    if b"tensor(" in line and (bare := BARE_TENSOR.fullmatch(line.strip())):
         return [Segment(signals={"loss": float(bare.group(1))})]
     segments: list[Segment] = []
     start = 0
