@@ -32,7 +32,8 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
     finally:
         gathering.close()
     result = engine.finish()
-    diagnosis = diagnose(result, inputs=[i.label for i in inputs])
+    unread = {why.split(": ", 1)[0] for why in gathering.unread}
+    diagnosis = diagnose(result, inputs=[i.label for i in inputs if i.label not in unread])
     stats = result.stats
     stepped = any(stats.events.get(name) for name in _TRAINING_EVENTS)
     if stats.num_train == 0 and stats.num_eval == 0 and not stepped and diagnosis.verdict == "healthy":

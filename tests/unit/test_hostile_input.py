@@ -237,3 +237,16 @@ def test_a_run_with_no_metric_line_is_no_training_metrics_seen(tmp_path):
                    "version=0.14.0, git-hash=unknown\nLoading checkpoint shards: 100%\nsaving model\n")
     with pytest.raises(NothingReadError, match="no training metrics seen"):
         analyze([log])
+
+
+def test_a_directory_source_that_cannot_be_read_is_named_and_the_rest_is_analysed(cli, tmp_path):
+    (tmp_path / "trainer_state.json").write_text('{"log_history": [{"loss": 0.')  # cut before an entry
+    (tmp_path / "train.log").write_text("\n".join(_dicts_going_nan()) + "\n")
+    (tmp_path / "blob.dat").write_bytes(bytes(range(32)) * 50)
+    out = json.loads(cli("analyze", tmp_path, "--format", "json").stdout)
+    assert out["verdict"] == "broken" and out["onset_step"] == 15
+    assert len(out["incomplete"]) == 1 and "trainer_state.json" in out["incomplete"][0]
+    assert out["inputs"] == [str(tmp_path / "train.log")]
+    assert any("blob.dat" in line for line in out["inputs_skipped"])
+    human = cli("analyze", tmp_path, env={"COLUMNS": "200"}).stdout.decode()
+    assert "read     " + str(tmp_path / "train.log") in human and "not read " in human and "skipped  " in human

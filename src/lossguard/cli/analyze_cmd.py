@@ -46,6 +46,7 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
         from lossguard.report.terminal import render
 
         render(diagnosis)
+        _echo_gathering(diagnosis)
     if html_path:
         from lossguard.report.html import write_html
 
@@ -56,7 +57,6 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
         sys.exit(1)
 
 
-
 def _with_gathering(diagnosis) -> dict:
     """The JSON contract plus what the gatherer did: `incomplete` (reasons; [] when everything was read)
     and `inputs_skipped` (path: why). The verdict values stay healthy / warning / broken."""
@@ -65,3 +65,17 @@ def _with_gathering(diagnosis) -> dict:
     gathering = getattr(diagnosis, "gathering", None)
     out["inputs_skipped"] = list(gathering.skipped) if gathering is not None else []
     return out
+
+
+def _echo_gathering(diagnosis) -> None:
+    """Which files of a directory were read and which were left out, and why (one file: nothing to say)."""
+    gathering = getattr(diagnosis, "gathering", None)
+    if gathering is None or (len(gathering.used) <= 1 and not gathering.skipped and not gathering.unread):
+        return
+    click.echo("inputs")
+    for line in gathering.used:
+        click.echo(f"  read     {line}")
+    for line in gathering.unread:
+        click.echo(f"  not read {line}")
+    for line in gathering.skipped:
+        click.echo(f"  skipped  {line}")

@@ -35,6 +35,7 @@ class Gathering:
 
     used: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "path: why"
+    unread: list[str] = field(default_factory=list)  # inputs of the run that could not be read: "path: why"
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
 
@@ -43,6 +44,7 @@ class Gathering:
         if self.counts.cut_lines:
             reasons.append(f"{self.counts.cut_lines} line(s) longer than {MAX_LINE >> 10} KB were read by their "
                            f"first {MAX_LINE >> 10} KB only (first at line {self.counts.first_cut_line})")
+        reasons.extend(f"not read: {why}" for why in self.unread)
         return reasons
 
     def spool_dir(self) -> Path:
@@ -172,7 +174,24 @@ def merged_records(inputs: list[Input], gathering: Gathering | None = None) -> I
         return
     rank = {id(s): i for i, s in enumerate(SOURCES)}
     ordered = sorted(inputs, key=lambda i: rank.get(id(i.source), len(SOURCES)))
-    yield from _merge_on_steps([list(_parse(item, gathering)) for item in ordered])
+    yield from _merge_on_steps(_read_each(ordered, gathering))
+
+
+def _read_each(inputs: list[Input], gathering: Gathering | None) -> list[list[Record]]:
+    """Every input's records; one that cannot be read is left out and said so (the analysis is then
+    incomplete), unless none can be read: then the first refusal stands."""
+    streams, refusals = [], []
+    for item in inputs:
+        try:
+            streams.append(list(_parse(item, gathering)))
+        except SourceError as exc:
+            refusals.append(exc)
+            if gathering is not None:
+                gathering.unread.append(str(exc))
+                gathering.used.remove(f"{item.label} ({item.source.name})")
+    if refusals and not streams:
+        raise refusals[0]
+    return streams
 
 
 def _merge_on_steps(streams: list[list[Record]]) -> Iterator[Record]:
