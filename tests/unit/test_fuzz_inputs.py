@@ -31,7 +31,25 @@ def _seeds() -> list[tuple[str, bytes]]:
     for step in range(1, 41):
         writer.writerow([step, 2.5 - step * 0.01, 1.0 + step % 3 * 0.1, 1e-5])
     seeds.append(("metrics.csv", rows.getvalue().encode()))
+    seeds.append(("events-rank0.jsonl", _events_file()))
     return seeds
+
+
+def _events_file() -> bytes:
+    """The live guard's events file, written by its own sink."""
+    import tempfile
+
+    from lossguard.core.records import EVENT, Record
+    from lossguard.monitor.sinks import JsonlSink, record_line
+
+    with tempfile.TemporaryDirectory() as folder:
+        sink = JsonlSink(folder, 0, {"world_size": 1})
+        for step in range(1, 31):
+            loss = float("nan") if step >= 20 else 2.5 - step * 0.01
+            sink.write(record_line(Record(step, 0, {"loss": loss, "grad_norm": 1.0 + step % 3 * 0.1})))
+        sink.write(record_line(Record(20, 0, kind=EVENT, event="overflow", data={"scale": 1024.0})))
+        sink.close()
+        return sink.path.read_bytes()
 
 
 _ODD_VALUES = [b"9" * 5000, b"1e999", b"-1e999", b"1.7976931348623157e309", b"4e-324", b"\x00", b"\x00" * 64, b"nan", b"-inf", b"1e-400", b"0x1p3",

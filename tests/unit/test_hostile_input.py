@@ -250,3 +250,17 @@ def test_a_directory_source_that_cannot_be_read_is_named_and_the_rest_is_analyse
     assert any("blob.dat" in line for line in out["inputs_skipped"])
     human = cli("analyze", tmp_path, env={"COLUMNS": "200"}).stdout.decode()
     assert "read     " + str(tmp_path / "train.log") in human and "not read " in human and "skipped  " in human
+
+
+def test_numbers_that_do_not_fit_are_values_not_errors(tmp_path):
+    huge = "9" * 5000
+    state = tmp_path / "trainer_state.json"
+    rows = [f'{{"loss": 2.0, "step": {huge}}}', '{"loss": 2.1, "step": 1e999}', '{"loss": 1e999, "step": 3}']
+    state.write_text('{"global_step": 1e999, "log_history": [' + ", ".join(rows) + "]}")
+    assert analyze([state]).verdict == "broken"  # the infinite loss at step 3
+    events = tmp_path / "events-rank0.jsonl"
+    events.write_text('{"type":"header","format":"lossguard-events","version":1,"rank":0}\n'
+                      f'{{"type":"record","kind":"train","step":{huge},"rank":"x","signals":{{"loss":"a"}}}}\n'
+                      '{"type":"record","kind":"odd","step":2,"rank":0,"signals":[1],"data":3}\n'
+                      '[1, 2]\n{"type":"record","step":3,"rank":0,"signals":{"loss":"nan"}}\n')
+    assert analyze([events]).onset_step == 3

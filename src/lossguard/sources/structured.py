@@ -7,14 +7,13 @@ signal catalog so every format ends in the same records.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import STEP_KEYS, canonical, to_float
 from lossguard.sources import patterns as P
-from lossguard.sources.base import SourceError
+from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
 from lossguard.sources.scan import ScanCounts, bounded_lines
 
 
@@ -84,13 +83,15 @@ class TrainerStateSource:
     def parse(self, path: Path) -> Iterator[Record]:
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
-            state = json.loads(text)
-        except json.JSONDecodeError as exc:
+            state = JSON.decode(text)
+        except JSON_ERRORS as exc:
             history = _complete_entries(text)
             if not history:
-                raise SourceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}) "
-                                  "and no complete `log_history` entry; point lossguard at a complete "
-                                  "trainer_state.json or at the run's stdout log") from None
+                where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" if hasattr(exc, "lineno") else \
+                    "nested too deep"
+                raise SourceError(f"{path}: not valid JSON ({where}) and no complete `log_history` entry; "
+                                  "point lossguard at a complete trainer_state.json or at the run's stdout "
+                                  "log") from None
         else:
             history = state.get("log_history") if isinstance(state, dict) else None
         if not isinstance(history, list):
@@ -102,15 +103,14 @@ def _complete_entries(text: str) -> list[dict]:
     """The `log_history` entries of a trainer_state.json cut mid-file, up to the last complete one."""
     start = text.find('"log_history"')
     start = text.find("[", start) + 1 if start >= 0 else 0
-    decoder = json.JSONDecoder()
     entries: list[dict] = []
     while start:
         brace = text.find("{", start)
         if brace < 0:
             break
         try:
-            entry, start = decoder.raw_decode(text, brace)
-        except ValueError:
+            entry, start = JSON.raw_decode(text, brace)
+        except JSON_ERRORS:
             break
         if isinstance(entry, dict):
             entries.append(entry)
@@ -127,8 +127,8 @@ class JsonLinesSource:
         if not (first.startswith(b"{") and path.suffix in (".jsonl", ".json", ".ndjson", ".log", ".txt")):
             return False
         try:
-            row = json.loads(first)
-        except ValueError:
+            row = JSON.decode(first.decode("utf-8", "replace"))
+        except JSON_ERRORS:
             return False
         return isinstance(row, dict) and (_step_of(row) is not None or "loss" in row) and "lossguard" not in row
 
@@ -154,8 +154,8 @@ def _json_row(line: bytes) -> dict | None:
     if not line.startswith(b"{"):
         return None
     try:
-        row = json.loads(line)
-    except (ValueError, RecursionError):
+        row = JSON.decode(line.decode("utf-8", "replace"))
+    except JSON_ERRORS:
         return None  # a torn last line of a live run, or a text line: never fail the whole file
     return row if isinstance(row, dict) else None
 
