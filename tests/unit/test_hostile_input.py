@@ -264,3 +264,9 @@ def test_numbers_that_do_not_fit_are_values_not_errors(tmp_path):
                       '{"type":"record","kind":"odd","step":2,"rank":0,"signals":[1],"data":3}\n'
                       '[1, 2]\n{"type":"record","step":3,"rank":0,"signals":{"loss":"nan"}}\n')
     assert analyze([events]).onset_step == 3
+
+
+def test_watch_of_a_command_that_prints_no_metric_is_not_called_healthy(cli):
+    proc = cli("watch", "--", sys.executable, "-c", "print('loading data'); print('done')")
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "no training metrics seen" in err and "healthy" not in err, err

@@ -81,6 +81,12 @@ def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path:
     sys.exit(result.exit_code)
 
 
+def _saw_training(diagnosis) -> bool:
+    stats = diagnosis.result.stats
+    return bool(stats.num_train or stats.num_eval or any(stats.events.get(name) for name in
+                                                         ("overflow", "scale-at-minimum", "nonfinite-detected")))
+
+
 def _summary(result, quiet: bool) -> None:
     from rich.console import Console
 
@@ -90,7 +96,10 @@ def _summary(result, quiet: bool) -> None:
     if outcome.ended_mid_line and not quiet_healthy:
         console.file.write("\n")  # the command's last line (a tqdm bar) had no newline: ours start below it
     if diagnosis.verdict == "healthy" and not diagnosis.findings and outcome.analysis_error is None:
-        if not quiet:
+        if not _saw_training(diagnosis):  # nothing was checked: never "healthy"
+            console.print("[yellow]lossguard watch: no training metrics seen in the command's output; nothing "
+                          "was checked (print the Trainer's logs to stdout, or use --attach)[/yellow]")
+        elif not quiet:
             where = f"; report: {result.report_paths[0].parent}" if result.report_paths else ""
             console.print(f"[dim]lossguard watch: healthy, {diagnosis.result.stats.num_train} training logs, "
                           f"no failure signature{where}[/dim]")
