@@ -270,3 +270,14 @@ def test_watch_of_a_command_that_prints_no_metric_is_not_called_healthy(cli):
     proc = cli("watch", "--", sys.executable, "-c", "print('loading data'); print('done')")
     err = proc.stderr.decode()
     assert proc.returncode == 0 and "no training metrics seen" in err and "healthy" not in err, err
+
+
+def test_watch_attach_names_what_the_commands_python_cannot_import(cli, tmp_path):
+    """A python without torch: the guard could never attach; said before the job starts, exit 2."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    bare = venv / "bin" / "python"
+    proc = cli("watch", "--attach", "--", bare, "-c", "print('would train')")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "torch" in err and "lossguard[train]" in err and str(bare) in err, err
+    assert b"would train" not in proc.stdout
