@@ -281,3 +281,26 @@ def test_watch_attach_names_what_the_commands_python_cannot_import(cli, tmp_path
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "torch" in err and "lossguard[train]" in err and str(bare) in err, err
     assert b"would train" not in proc.stdout
+
+
+def _base_install(tmp_path):
+    """A python with lossguard and its base dependencies only (no torch / DeepSpeed / transformers)."""
+    import importlib
+
+    venv, site = tmp_path / "base", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site.mkdir()
+    for name in ("click", "rich", "packaging", "yaml", "markdown_it", "mdurl", "pygments"):
+        module = importlib.import_module(name)
+        source = os.path.dirname(module.__file__)
+        (site / name).symlink_to(source, target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{site}"}
+    return venv / "bin" / "python", env
+
+
+def test_demo_in_a_base_install_names_the_extra_and_exits_2(tmp_path):
+    python, env = _base_install(tmp_path)
+    proc = subprocess.run([str(python), "-m", "lossguard", "demo"], capture_output=True, timeout=120, env=env)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "lossguard[train]" in err and "torch" in err, err
+    assert "Traceback" not in err and err.count("\n") <= 2, err
