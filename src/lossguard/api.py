@@ -44,7 +44,7 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
             raise NothingReadError(f"{where}: the job crashed before logging any training metric ({crash}); "
                                    "fix that error first")
         raise NothingReadError(
-            f"{where}: no training metrics seen: no training metrics or known log lines found; lossguard reads "
+            f"{where}: no training metrics seen (no loss-like number and no known log line); lossguard reads "
             "HF Trainer logs ({'loss': ...} lines), trainer_state.json, TensorBoard events, DeepSpeed / "
             "Megatron / mmengine logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
     _mark_incomplete(diagnosis, gathering)
