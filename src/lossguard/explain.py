@@ -19,7 +19,7 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     complete entries are read); output directories with checkpoint-*: every log of the directory is read
     and their numbers merged on the run's steps (a value one file shows NaN/Inf stays NaN/Inf); files,
     `-` (stdin), pipes and `<(cmd)` are each read once; lines longer than 64 KB are read by their first
-    64 KB (SRC001 says so)
+    and last 32 KB (SRC001 says so)
   - DeepSpeed lines: OVERFLOW! ... Attempted loss scale, loss scale at minimum, step=N, skipped=M, lr=[...],
     the config dump (version, zero_config, bf16/fp16, communication_data_type, world size)
   - warnings: tokenization mismatch, lr before scheduler stepped, None of the inputs have requires_grad,
@@ -42,8 +42,8 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
 INCOMPLETE = """\
 SRC001 analysis-incomplete (warning): part of the input was not analysed, and the verdict covers only what
 was read. The reasons are in the finding and in the JSON report's `incomplete` list:
-  - lines longer than 64 KB were read by their first 64 KB (a line that long is most often a dumped
-    tensor or a progress bar without newlines; the rest of the line is not parsed)
+  - lines longer than 64 KB were read by their first and last 32 KB (a line that long is most often a
+    dumped tensor or a progress bar without newlines; its middle is not parsed)
   - a file of the run could not be read (a trainer_state.json cut before its first entry, ...): the other
     logs of the directory were analysed without it
 A run that would otherwise be healthy gets the verdict `warning`. Fix: pass the missing or complete file,

@@ -304,3 +304,20 @@ def test_demo_in_a_base_install_names_the_extra_and_exits_2(tmp_path):
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "lossguard[train]" in err and "torch" in err, err
     assert "Traceback" not in err and err.count("\n") <= 2, err
+
+
+@pytest.mark.parametrize("grep", [True, False])
+def test_the_end_of_an_overlong_line_is_read(tmp_path, monkeypatch, grep):
+    """A dict printed after 3 MB of junk on the same line (a dumped tensor, progress redraws): the line is
+    read by its two ends, so the NaN at its end is seen, with grep's scan and with the Python one."""
+    if not grep:
+        monkeypatch.setenv("LOSSGUARD_NO_GREP", "1")
+    rng = random.Random(3)
+    lines = [_hf_dict(step, False, rng) for step in range(1, 21)]
+    lines.append("#" * (3 << 20) + _hf_dict(21, True, rng))
+    lines += [_hf_dict(step, True, rng) for step in range(22, 25)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    diagnosis = analyze([log])
+    assert diagnosis.verdict == "broken" and diagnosis.onset_step == 21
+    assert diagnosis.incomplete and "line 21" in diagnosis.incomplete[0]

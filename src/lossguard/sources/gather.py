@@ -42,8 +42,9 @@ class Gathering:
     def incomplete_reasons(self) -> list[str]:
         reasons = []
         if self.counts.cut_lines:
+            half = MAX_LINE >> 11
             reasons.append(f"{self.counts.cut_lines} line(s) longer than {MAX_LINE >> 10} KB were read by their "
-                           f"first {MAX_LINE >> 10} KB only (first at line {self.counts.first_cut_line})")
+                           f"first and last {half} KB only (first at line {self.counts.first_cut_line})")
         reasons.extend(f"not read: {why}" for why in self.unread)
         return reasons
 

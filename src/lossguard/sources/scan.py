@@ -44,32 +44,37 @@ class ScanCounts:
             self.first_cut_line = line_no
 
 
+# An overlong line is parsed as its first and last HALF bytes: the head says what the line is, the tail holds
+# what was printed last (the dict after a dumped tensor, the latest redraw of a progress bar).
+HALF = MAX_LINE // 2
+_JOINT = b" ... "  # no name or number spans it, so no pair is made across the cut
+_ENDS = HALF + 16  # what a pending partial line keeps of each end (room for grep's `N:` prefix)
+
+
 def _bounded(line_no: int, line: bytes, counts: ScanCounts | None) -> bytes:
     if len(line) <= MAX_LINE:
         return line
     if counts is not None:
         counts.cut(line_no)
-    return line[:MAX_LINE]
+    return line[:HALF] + _JOINT + line[-HALF:]
+
+
+def _keep_ends(partial: bytes) -> bytes:
+    """A line still being read, bounded: its head and its latest bytes; always longer than MAX_LINE once
+    trimmed, so that `_bounded` cuts it (and counts it) when its end arrives."""
+    return partial if len(partial) <= 2 * _ENDS else partial[:_ENDS] + partial[-_ENDS:]
 
 
 def iter_lines(stream: BinaryIO, counts: ScanCounts | None = None, skip_to: int = 0) -> Iterator[tuple[int, bytes]]:
     """(line number, line) for anchor-bearing lines only, reading big chunks; memory stays flat. Lines up
     to `skip_to` are counted, not yielded (a resumed scan)."""
     line_no = 0
-    tail = b""
-    skipping = False  # inside an overlong line whose head is kept in `tail`
+    tail = b""  # the line being read (its two ends only, once overlong)
     anchors = P.ANCHORS
     while chunk := stream.read(CHUNK_BYTES):
-        if skipping:
-            newline = chunk.find(b"\n")
-            if newline < 0:
-                continue
-            chunk, skipping = chunk[newline:], False
         buf = tail + chunk
         cut = buf.rfind(b"\n") + 1
-        body, tail = buf[:cut], buf[cut:]
-        if len(tail) > MAX_LINE:
-            tail, skipping = tail[: MAX_LINE + 1], True
+        body, tail = buf[:cut], _keep_ends(buf[cut:])
         if not body:
             continue
         pos = 0
@@ -88,16 +93,14 @@ def iter_lines(stream: BinaryIO, counts: ScanCounts | None = None, skip_to: int 
 
 
 def bounded_lines(stream: BinaryIO, counts: ScanCounts | None = None) -> Iterator[tuple[int, bytes]]:
-    """Every line of `stream`, each at most MAX_LINE bytes (the rest of a longer line is skipped unread)."""
+    """Every line of `stream`, each at most MAX_LINE bytes (a longer one: its two ends, see `_bounded`)."""
     line_no = 0
     while line := stream.readline(MAX_LINE + 1):
         line_no += 1
         if len(line) > MAX_LINE and not line.endswith(b"\n"):
-            if counts is not None:
-                counts.cut(line_no)
-            line = line[:MAX_LINE]
-            while (rest := stream.readline(CHUNK_BYTES)) and not rest.endswith(b"\n"):
-                pass
+            while not line.endswith(b"\n") and (rest := stream.readline(CHUNK_BYTES)):
+                line = _keep_ends(line + rest)
+            line = _bounded(line_no, line.rstrip(b"\n"), counts) + b"\n"
         yield line_no, line
 
 
@@ -128,14 +131,14 @@ def _cap_memory() -> None:  # runs in the grep child before exec
 
 def _read_grep(proc: subprocess.Popen, path: Path, counts: ScanCounts | None) -> Iterator[tuple[int, bytes]]:
     """grep's `N:line` output, read in big blocks (a readline per line costs more than the parse)."""
-    pending = b""  # the start of a line whose end has not arrived yet, at most MAX_LINE + 1 bytes
+    pending = b""  # a line whose end has not arrived yet (its two ends only, once overlong)
     last = 0
     try:
         while block := proc.stdout.read1(1 << 20):
             lines = block.split(b"\n")
             if pending:
                 lines[0] = pending + lines[0]
-            pending = lines.pop()[: MAX_LINE + 16]
+            pending = _keep_ends(lines.pop())
             for raw in lines:
                 number, _, line = raw.partition(b":")
                 if number.isdigit():
