@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from lossguard.core.engine import Engine
 from lossguard.core.facts import RunFacts
-from lossguard.core.records import Record
+from lossguard.core.findings import Finding, Severity
 from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import Diagnosis, diagnose
 from lossguard.sources import discover, records
 from lossguard.sources.base import SourceError
-from lossguard.sources.text_log import parse_stream
+from lossguard.sources.gather import Gathering
 
 
 class NothingReadError(SourceError):
@@ -22,18 +21,19 @@ class NothingReadError(SourceError):
 
 
 def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Diagnosis:
-    """Diagnose logs. `paths` may hold files, directories and "-" (stdin). Raises SourceError on bad input."""
+    """Diagnose logs. `paths` may hold files, directories, pipes and "-" (stdin). Raises SourceError on bad
+    input. The diagnosis carries `gathering` (files used and skipped) and `incomplete` (reasons, or [])."""
     paths = [str(p) for p in paths]
     engine = Engine(make_detectors(), facts=facts)
-    files = [p for p in paths if p != "-"]
-    inputs = discover(files) if files else []
-    stream: list[Iterable[Record]] = [records(inputs)]
-    if "-" in paths:
-        stream.append(parse_stream(sys.stdin.buffer, "<stdin>"))
-    for part in stream:
-        engine.feed_all(part)
+    gathering = Gathering()
+    try:
+        inputs = discover(paths, gathering)
+        engine.feed_all(records(inputs, gathering))
+    finally:
+        gathering.close()
     result = engine.finish()
-    diagnosis = diagnose(result, inputs=[str(i.path) for i in inputs] + (["<stdin>"] if "-" in paths else []))
+    unread = {why.split(": ", 1)[0] for why in gathering.unread}
+    diagnosis = diagnose(result, inputs=[i.label for i in inputs if i.label not in unread])
     stats = result.stats
     stepped = any(stats.events.get(name) for name in _TRAINING_EVENTS)
     if stats.num_train == 0 and stats.num_eval == 0 and not stepped and diagnosis.verdict == "healthy":
@@ -44,10 +44,25 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
             raise NothingReadError(f"{where}: the job crashed before logging any training metric ({crash}); "
                                    "fix that error first")
         raise NothingReadError(
-            f"{where}: no training metrics or known log lines found; lossguard reads HF Trainer logs "
-            "({'loss': ...} lines), trainer_state.json, TensorBoard events, DeepSpeed / Megatron / mmengine "
-            "logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
+            f"{where}: no training metrics seen (no loss-like number and no known log line); lossguard reads "
+            "HF Trainer logs ({'loss': ...} lines), trainer_state.json, TensorBoard events, DeepSpeed / "
+            "Megatron / mmengine logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
+    _mark_incomplete(diagnosis, gathering)
     return diagnosis
+
+
+def _mark_incomplete(diagnosis: Diagnosis, gathering: Gathering) -> None:
+    """Part of the input was not analysed: say so, as a warning-level finding (never a silent healthy)."""
+    diagnosis.gathering = gathering
+    diagnosis.incomplete = gathering.incomplete_reasons()
+    if not diagnosis.incomplete:
+        return
+    diagnosis.findings.append(Finding(
+        "SRC001", "analysis-incomplete", Severity.WARNING,
+        "analysis incomplete: " + "; ".join(diagnosis.incomplete) + "; the verdict covers what was read",
+        data={"reasons": list(diagnosis.incomplete)}))
+    if diagnosis.verdict == "healthy":
+        diagnosis.verdict = "warning"
 
 
 # Events only a running optimizer step prints: a log holding only these (DeepSpeed's loss-scaler lines)

@@ -16,7 +16,10 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     (5.x quoted strings), inside tqdm progress lines, with multi-node host prefixes (duplicates dropped),
     eval dicts and the final train_runtime dict
   - trainer_state.json (log_history, NaN literals), under any file name and when cut mid-file (the
-    complete entries are read); output directories with checkpoint-*
+    complete entries are read); output directories with checkpoint-*: every log of the directory is read
+    and their numbers merged on the run's steps (a value one file shows NaN/Inf stays NaN/Inf); files,
+    `-` (stdin), pipes and `<(cmd)` are each read once; lines longer than 64 KB are read by their first
+    and last 32 KB (SRC001 says so)
   - DeepSpeed lines: OVERFLOW! ... Attempted loss scale, loss scale at minimum, step=N, skipped=M, lr=[...],
     the config dump (version, zero_config, bf16/fp16, communication_data_type, world size)
   - warnings: tokenization mismatch, lr before scheduler stepped, None of the inputs have requires_grad,
@@ -36,6 +39,16 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     Lightning, NeMo, fairseq, DeepSpeed-Chat, nanoGPT, MLX and MetricLogger logs are read this way
   - a log that holds only DeepSpeed loss-scaler overflow lines"""
 
+INCOMPLETE = """\
+SRC001 analysis-incomplete (warning): part of the input was not analysed, and the verdict covers only what
+was read. The reasons are in the finding and in the JSON report's `incomplete` list:
+  - lines longer than 64 KB were read by their first and last 32 KB (a line that long is most often a
+    dumped tensor or a progress bar without newlines; its middle is not parsed)
+  - a file of the run could not be read (a trainer_state.json cut before its first entry, ...): the other
+    logs of the directory were analysed without it
+A run that would otherwise be healthy gets the verdict `warning`. Fix: pass the missing or complete file,
+or the run's stdout log."""
+
 
 def topics() -> list[tuple[str, str]]:
     rows = [(sig, meaning) for sig, (_, meaning) in SIGNATURES.items()]
@@ -45,6 +58,7 @@ def topics() -> list[tuple[str, str]]:
     for rule in _lint_rules():
         rows.append((rule.code, rule.name))
     rows += [(issue.id, issue.title) for issue in ISSUES.values()]
+    rows.append(("SRC001", "analysis-incomplete: part of the input was not analysed"))
     rows.append(("formats", "log formats analyze reads"))
     return rows
 
@@ -55,6 +69,8 @@ def explain(topic: str) -> str | None:
         return _signature(key)
     if key.lower() == "formats":
         return FORMATS
+    if key.upper() == "SRC001" or key == "analysis-incomplete":
+        return INCOMPLETE
     if issue := get_issue(key):
         return known_issue(issue)
     for factory in registered():

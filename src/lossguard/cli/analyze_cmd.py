@@ -41,11 +41,12 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     if fmt == "json":
         from lossguard.report.json_report import write_json
 
-        write_json(diagnosis.to_dict(), sys.stdout)
+        write_json(_with_gathering(diagnosis), sys.stdout)
     else:
         from lossguard.report.terminal import render
 
         render(diagnosis)
+        _echo_gathering(diagnosis)
     if html_path:
         from lossguard.report.html import write_html
 
@@ -55,3 +56,26 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     if should_fail(diagnosis.findings, fail_on):
         sys.exit(1)
 
+
+def _with_gathering(diagnosis) -> dict:
+    """The JSON contract plus what the gatherer did: `incomplete` (reasons; [] when everything was read)
+    and `inputs_skipped` (path: why). The verdict values stay healthy / warning / broken."""
+    out = diagnosis.to_dict()
+    out["incomplete"] = list(getattr(diagnosis, "incomplete", []))
+    gathering = getattr(diagnosis, "gathering", None)
+    out["inputs_skipped"] = list(gathering.skipped) if gathering is not None else []
+    return out
+
+
+def _echo_gathering(diagnosis) -> None:
+    """Which files of a directory were read and which were left out, and why (one file: nothing to say)."""
+    gathering = getattr(diagnosis, "gathering", None)
+    if gathering is None or (len(gathering.used) <= 1 and not gathering.skipped and not gathering.unread):
+        return
+    click.echo("inputs")
+    for line in gathering.used:
+        click.echo(f"  read     {line}")
+    for line in gathering.unread:
+        click.echo(f"  not read {line}")
+    for line in gathering.skipped:
+        click.echo(f"  skipped  {line}")

@@ -64,6 +64,7 @@ def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path:
         from lossguard.monitor.autoattach import child_env
 
         env = child_env(events_dir=os.path.join(report_dir, "events") if report_dir else None)
+        _check_attachable(argv, env)
     try:
         result = run_watch(argv, halt_on=halt_on, grace_s=grace_s, report_dir=report_dir, log_path=log_path,
                            unbuffered=not buffered, env=env)
@@ -77,11 +78,32 @@ def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path:
             raise UserError(f"watch: cannot write {exc.filename} ({exc.strerror})") from None
         click.echo(f"lossguard: watch: {argv[0]}: permission denied (not executable)", err=True)
         sys.exit(EXIT_NOT_EXECUTABLE)
-    _summary(result, quiet)
+    _summary(result, quiet, attach)
     sys.exit(result.exit_code)
 
 
-def _summary(result, quiet: bool) -> None:
+def _check_attachable(argv: list[str], env: dict[str, str]) -> None:
+    """--attach: the command's python must import torch and lossguard, or the guard never attaches and the
+    run looks watched when it is not. Said before the job starts; a command whose python cannot be told
+    (a shell script) is not checked."""
+    from lossguard.probe.preflight import MissingPiece, check_job_stack, interpreter_of
+
+    python = interpreter_of(argv, env)
+    if python is None:
+        return
+    try:
+        check_job_stack("watch --attach", python=python, env=env, modules=("torch",))
+    except MissingPiece as exc:
+        raise UserError(str(exc)) from None
+
+
+def _saw_training(diagnosis) -> bool:
+    stats = diagnosis.result.stats
+    return bool(stats.num_train or stats.num_eval or any(stats.events.get(name) for name in
+                                                         ("overflow", "scale-at-minimum", "nonfinite-detected")))
+
+
+def _summary(result, quiet: bool, attach: bool = False) -> None:
     from rich.console import Console
 
     diagnosis, outcome = result.diagnosis, result.outcome
@@ -90,7 +112,11 @@ def _summary(result, quiet: bool) -> None:
     if outcome.ended_mid_line and not quiet_healthy:
         console.file.write("\n")  # the command's last line (a tqdm bar) had no newline: ours start below it
     if diagnosis.verdict == "healthy" and not diagnosis.findings and outcome.analysis_error is None:
-        if not quiet:
+        if not _saw_training(diagnosis):  # nothing was checked: never "healthy"
+            hint = "" if attach else ", or use --attach"
+            console.print("[yellow]lossguard watch: no training metrics seen in the command's output; nothing "
+                          f"was checked (print the Trainer's logs to stdout{hint})[/yellow]")
+        elif not quiet:
             where = f"; report: {result.report_paths[0].parent}" if result.report_paths else ""
             console.print(f"[dim]lossguard watch: healthy, {diagnosis.result.stats.num_train} training logs, "
                           f"no failure signature{where}[/dim]")

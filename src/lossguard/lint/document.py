@@ -8,7 +8,9 @@ edits the text at the right span instead of re-dumping the file.
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,10 +53,28 @@ class Document:
                       key=lambda p: self.spans[p].value_start)
 
 
-def _line_col(text: str, offset: int) -> tuple[int, int]:
-    line = text.count("\n", 0, offset) + 1
-    col = offset - (text.rfind("\n", 0, offset) + 1) + 1
-    return line, col
+class _Lines:
+    """Offset -> (line, column) by bisection over the line starts, found once: counting newlines from the
+    start for every key made a 150k-key config take minutes."""
+
+    def __init__(self, text: str):
+        self.starts = [0]
+        at = text.find("\n")
+        while at >= 0:
+            self.starts.append(at + 1)
+            at = text.find("\n", at + 1)
+
+    def line_col(self, offset: int) -> tuple[int, int]:
+        index = bisect.bisect_right(self.starts, offset) - 1
+        return index + 1, offset - self.starts[index] + 1
+
+
+def _int_or_float(token: str) -> int | float:
+    """Python refuses ints of more than 4300 digits; such a number is infinite as a float."""
+    return int(token) if len(token) <= 4000 else float(token)
+
+
+_NUMBERS = json.JSONDecoder(parse_int=_int_or_float)
 
 
 class _JsonParser:
@@ -66,9 +86,14 @@ class _JsonParser:
         self.lenient: list[str] = []
         self.duplicates: list[tuple[str, int]] = []
         self.spans: dict[Path, Span] = {}
+        self.odd_numbers: list[tuple[str, int, str]] = []  # (dotted key, line, the number as written)
+        self.lines = _Lines(text)
+
+    def line(self, offset: int) -> int:
+        return self.lines.line_col(offset)[0]
 
     def fail(self, what: str, offset: int | None = None) -> ConfigError:
-        line, col = _line_col(self.text, self.pos if offset is None else offset)
+        line, col = self.lines.line_col(self.pos if offset is None else offset)
         return ConfigError(f"line {line} column {col}: {what}")
 
     def skip(self) -> None:
@@ -108,7 +133,7 @@ class _JsonParser:
             return self.array(path)
         if ch == '"':
             return self.string()
-        return self.literal()
+        return self.literal(path)
 
     def string(self) -> str:
         start = self.pos
@@ -132,7 +157,7 @@ class _JsonParser:
         except json.JSONDecodeError as exc:
             raise self.fail(f"bad string: {exc.msg}", start) from None
 
-    def literal(self) -> Any:
+    def literal(self, path: Path) -> Any:
         start = self.pos
         text = self.text
         while self.pos < len(text) and text[self.pos] not in ",}]:\n\r\t /#":
@@ -141,10 +166,13 @@ class _JsonParser:
         if not token:
             raise self.fail(f"expected a value, found {text[start]!r}", start)
         try:
-            return json.loads(token)  # numbers, true, false, null; NaN/Infinity as json does
-        except json.JSONDecodeError:
+            value = _NUMBERS.decode(token)  # numbers, true, false, null; NaN/Infinity as json does
+        except ValueError:
             hint = " (strings need double quotes)" if token[:1].isalpha() or token[:1] == "'" else ""
             raise self.fail(f"expected a value, found {token!r}{hint}", start) from None
+        if isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and abs(value) >= 2**63:
+            self.odd_numbers.append((".".join(path), self.line(start), token))
+        return value
 
     def obj(self, path: Path) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -171,9 +199,9 @@ class _JsonParser:
             value_start = self.pos
             child = (*path, key)
             if key in out:
-                self.duplicates.append((".".join(child), _line_col(self.text, key_start)[0]))
+                self.duplicates.append((".".join(child), self.line(key_start)))
             out[key] = self.value(child)
-            self.spans[child] = Span(key_start, value_start, self.pos, _line_col(self.text, key_start)[0])
+            self.spans[child] = Span(key_start, value_start, self.pos, self.line(key_start))
             self.skip()
             if self.text.startswith(",", self.pos):
                 self.pos += 1
@@ -219,6 +247,12 @@ def parse_json(text: str, source: str) -> Document:
         kinds = " and ".join(sorted(set(parser.lenient)))
         doc.warnings.append(f"{source}: not strict JSON ({kinds}); read leniently as DeepSpeed's hjson reader "
                             "does, but json.load() in other tools will reject it")
+    for key, line, token in parser.odd_numbers:
+        shown = token if len(token) <= 24 else f"{token[:12]}... ({len(token)} characters)"
+        integer = token.lstrip("+-").isdigit()
+        what = "does not fit a 64-bit integer" if integer else "is not a finite number"
+        doc.warnings.append(f"{source}:{line}: {key or 'a value'} = {shown} {what}; DeepSpeed and torch "
+                            "refuse or overflow on it: write the value you mean")
     for key, line in parser.duplicates:
         doc.warnings.append(f"{source}:{line}: duplicate key {key!r}; the last value wins here, "
                             "DeepSpeed refuses duplicate keys")
@@ -233,20 +267,71 @@ def _first_value(text: str) -> int:
 def parse_yaml(text: str, source: str) -> Document:
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        root = yaml.compose(text, Loader=loader)
-        data = yaml.load(text, Loader=loader)
+        root = loader.get_single_node()  # parsed once; the data is built from these nodes
+        _check_expansion(root)
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{where}invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"nested deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
     doc = Document(text=text, fmt="yaml", data=data, source=source)
     if isinstance(root, yaml.MappingNode):
         doc.spans[()] = Span(None, root.start_mark.index, root.end_mark.index, 1)
         _yaml_spans(root, (), doc)
     return doc
+
+
+# A config is a few hundred values. Aliases (`*a`) share one node, but everything that walks the data
+# (the rules, `--fix`, printing) sees every use: ten levels of ten aliases are 10^10 values from 500 bytes.
+MAX_NODES = 1_000_000
+MAX_DEPTH = 100
+
+
+def _check_expansion(root: Any) -> None:
+    """Refuse a YAML document that expands, through aliases, to more than MAX_NODES values or nests
+    deeper than MAX_DEPTH; linear in the distinct nodes (each node's expanded size is computed once)."""
+    sizes: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()  # expanded, not finished: meeting one again is a cycle
+    order = [(root, False)] if root is not None else []
+    while order:  # iterative post-order: a deep document must not exhaust the Python stack
+        node, done = order.pop()
+        if id(node) in sizes:
+            continue
+        children = _child_nodes(node)
+        if not done:
+            if any(id(child) in open_nodes for child in children) or id(node) in open_nodes:
+                raise ConfigError("the YAML contains itself through an alias (*name inside its own &name); "
+                                  "write the values out")
+            open_nodes.add(id(node))
+            order.append((node, True))
+            order.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        open_nodes.discard(id(node))
+        size = 1 + sum(sizes[id(c)][0] for c in children if id(c) in sizes)
+        depth = 1 + max((sizes[id(c)][1] for c in children if id(c) in sizes), default=0)
+        if size > MAX_NODES:
+            raise ConfigError(f"the YAML expands through its aliases (*name) to more than {MAX_NODES:,} values "
+                              "(an alias bomb?); write the values out")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"nested deeper than {MAX_DEPTH} levels")
+        sizes[id(node)] = (size, depth)
+
+
+def _child_nodes(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _yaml_spans(node: Any, path: Path, doc: Document) -> None:

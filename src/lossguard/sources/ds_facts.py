@@ -22,14 +22,15 @@ def facts_from_line(line: bytes) -> dict:
         return {"world_size": int(match.group(1))}
     if match := P.DS_WORLD_INFO.search(line):
         try:
-            hosts = ast.literal_eval(match.group(1).decode())
+            text = match.group(1)
+            hosts = ast.literal_eval(text[: text.rfind(b"}") + 1].decode("utf-8", "replace"))
             return {"num_nodes": len(hosts), "world_size": sum(len(v) for v in hosts.values())}
-        except (ValueError, SyntaxError, AttributeError, TypeError):
+        except (ValueError, SyntaxError, AttributeError, TypeError, MemoryError, RecursionError):
             return {}
     match = P.DS_DUMP_LINE.search(line[line.find(b"]", line.rfind(b"[")) + 1 :] if b"]" in line else line)
     if not match:
         return {}
-    key, value = match.group(1).decode(), match.group(2).decode()
+    key, value = match.group(1).decode(), match.group(2).rstrip().decode("utf-8", "replace")
     return _facts_from_dump(key, value)
 
 

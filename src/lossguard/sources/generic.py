@@ -21,14 +21,14 @@ _NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|i
 # or a progress counter `i/N` (tqdm's `26/101 [`, mmengine-like `[1480/1504]`).
 TOKEN = re.compile(
     rb"(?<![\w./])(\d+) ?/ ?(\d+)(?![\w./])"
-    rb"|([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
+    rb"|(?<![\w./@-])[\d./@-]*([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
     rb"(" + _NUMBER + rb")(?![\w.])['\"]?(?:\s*/\s*(\d+))?")
 # tqdm's `[elapsed<remaining, rate, postfix]` closes one progress-bar redraw: what follows is another line.
-TQDM_END = re.compile(rb"\[[\d:?]+<[^\]]*\]")
+TQDM_END = re.compile(rb"\[[\d:?]+<[^\]\[]*\]")
 # torchtune's progress description `epoch|step|Loss: x`.
 PIPE_STEP = re.compile(rb"(?<![\w.|])\d+\|(\d+)\|(?=[A-Za-z])")
 # `print(loss)` in a custom loop: the line is the loss tensor and nothing else.
-BARE_TENSOR = re.compile(rb"\s*tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)\s*")
+BARE_TENSOR = re.compile(rb"tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)")  # on the stripped line
 # A word before the first pair that says the line is an evaluation (fairseq `| valid |`, `Validation:`).
 EVAL_MODE = re.compile(rb"(?i)(?<![\w/])(?:valid|validation|eval|evaluation|val)(?![\w/])")
 # Full-width punctuation (pasted through a Chinese IME or forum): JSON with “”：，
@@ -97,7 +97,7 @@ def read_line(line: bytes) -> list[Segment]:
     if b"\xe2\x80" in line or b"\xef\xbc" in line:
         for wide, narrow in _FULLWIDTH:
             line = line.replace(wide, narrow)
-    if b"tensor(" in line and (bare := BARE_TENSOR.fullmatch(line)):
+    if b"tensor(" in line and (bare := BARE_TENSOR.fullmatch(line.strip())):
         return [Segment(signals={"loss": float(bare.group(1))})]
     segments: list[Segment] = []
     start = 0
@@ -141,7 +141,7 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
 
 def _add(segment: Segment, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:
     if role == _STEP:
-        if value != value or value < 0:  # a nan step is no step
+        if not 0 <= value < 1e15:  # a nan, inf or absurd step is no step
             return
         if of_total is not None:  # `step 63/64`: a position within the epoch, like a progress counter
             segment.counter = (int(value), int(of_total))

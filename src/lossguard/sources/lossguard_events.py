@@ -6,12 +6,11 @@ EVENTS_DIR` reproduces the live findings. Finding, halt and end lines are skippe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from lossguard.core.records import Record
-from lossguard.sources.base import SourceError
+from lossguard.core.records import EVAL, EVENT, TRAIN, Record
+from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
 
 _MARKER = b'"format":"lossguard-events"'
 
@@ -38,17 +37,33 @@ class LossguardEventsSource:
                 if not text.endswith("\n"):
                     break  # a line still being written
                 try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError:
+                    obj = JSON.decode(text)
+                except JSON_ERRORS:
                     continue
-                if obj.get("type") != "record":
-                    continue
-                yield Record(
-                    step=obj.get("step"), rank=obj.get("rank"), kind=obj.get("kind", "train"),
-                    event=obj.get("event"),
-                    signals={k: float(_number(v)) for k, v in (obj.get("signals") or {}).items()},
-                    data=obj.get("data") or {}, source=path.name, line_no=line_no,
-                )
+                if isinstance(obj, dict) and obj.get("type") == "record":
+                    yield _record(obj, path.name, line_no)
+
+
+def _record(obj: dict, source: str, line_no: int) -> Record:
+    """A record line as the live guard wrote it; a field of the wrong type (a damaged file) is dropped."""
+    signals = obj.get("signals") if isinstance(obj.get("signals"), dict) else {}
+    data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
+    kind = obj.get("kind") if obj.get("kind") in (TRAIN, EVAL, EVENT) else TRAIN
+    event = obj.get("event") if isinstance(obj.get("event"), str) else None
+    return Record(step=_int(obj.get("step")), rank=_int(obj.get("rank")), kind=kind, event=event,
+                  signals={str(k): v for k, v in ((k, _float(v)) for k, v in signals.items()) if v is not None},
+                  data=data, source=source, line_no=line_no)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**15 else None
+
+
+def _float(value: object) -> float | None:
+    try:
+        return float(_number(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def merged(paths: list[Path]) -> Iterator[Record]:

@@ -31,7 +31,8 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
     ("reentrant-checkpoint", re.compile(rb"the use_reentrant parameter should be passed explicitly")),
     ("response-key-missing", re.compile(rb"Could not find response (?:key|template)")),
     ("trainable-params", re.compile(rb"Number of trainable parameters = ([\d,]+)")),
-    ("image-token-mismatch", re.compile(rb"must match the size of tensor b.*vit_embeds\.shape")),
+    # Bounded gap: an unbounded `.*` costs a scan to the line's end per occurrence of the first phrase.
+    ("image-token-mismatch", re.compile(rb"must match the size of tensor b.{0,2048}?vit_embeds\.shape")),
     ("nonfinite-detected", re.compile(rb"Detected inf/nan during batch_number=(\d+)")),
     ("cudnn-sdpa", re.compile(rb"cuDNN SDPA backward got grad_output\.strides\(\) != output\.strides\(\)")),
 ]
@@ -83,21 +84,21 @@ def _trie_pattern(words: list[bytes]) -> bytes:
 ANCHORS = re.compile(_trie_pattern([a.encode() for a in ANCHOR_STRINGS]))
 
 HF_PAIR = re.compile(rb"""['"]([^'"]+)['"]\s*:\s*('[^']*'|"[^"]*"|[^,}]+)""")
-TQDM_COUNTER = re.compile(rb"(\d+)/(\d+) \[")
+TQDM_COUNTER = re.compile(rb"(?<!\d)(\d+)/(\d+) \[")
 # step, skipped, and the first param group's lr (the catalog's lr).
-DS_STEP = re.compile(rb"\bstep=(\d+), skipped=(\d+), lr=\[\s*([^,\]]*)[^\]]*\]")
+DS_STEP = re.compile(rb"\bstep=(\d+), skipped=(\d+), lr=\[([^,\]]*)(?:,[^\]]*)?\]")
 DS_VERSION = re.compile(rb"DeepSpeed info: version=([0-9][\w.+-]*)")
 DS_ZERO_OPT = re.compile(rb"Creating (torch\.\w+) ZeRO stage (\d) optimizer")
-DS_DUMP_LINE = re.compile(rb"^\s*(\w+) \.{2,} (.*?)\s*$")
+DS_DUMP_LINE = re.compile(rb"^\s*(\w+) \.{2,} (.*)$")  # the value is rstripped by its reader
 DS_WORLD = re.compile(rb"dist_world_size=(\d+)")
-DS_WORLD_INFO = re.compile(rb"WORLD INFO DICT: (\{.*\})")
-KV_ASSIGN = re.compile(rb"(\w+)=([^\s,]+)")
+DS_WORLD_INFO = re.compile(rb"WORLD INFO DICT: (\{.*)")  # cut at the last `}` by its reader: one scan
+KV_ASSIGN = re.compile(rb"(?<!\w)(\w+)=([^\s,]+)")
 MEGATRON = re.compile(rb"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
-MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9 _()/-]*?)\s*:\s*([-+0-9.eEnaNinfINF]+)")
-MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\])?\s*\[\s*(\d+)\s*/\s*(\d+)\]")
-MMENGINE_FIELD = re.compile(rb"\b([a-z][\w./]*): (-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
+MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9_()/-]*(?: +[a-z0-9_()/-]+)*)\s*:\s*([-+0-9.eEnaNinfINF]+)")
+MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\]\s*)?\[\s*(\d+)\s*/\s*(\d+)\]")
+MMENGINE_FIELD = re.compile(rb"(?<![\w./])([a-z][\w./]*): (-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
 HOST_PREFIX = re.compile(rb"^\s*(?:\[[^\]]*\]\s*)?[\w.-]+:\s*(?=\{)")
 # A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
 # nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.
-PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)\s*[:,|]?\s+(?=[A-Za-z_])")
-PLAIN_FIELD = re.compile(rb"([A-Za-z_][\w/]*)\s*[:=]?\s*(-?\d[\d.]*(?:[eE][+-]?\d+)?|nan|-?inf)(?![\w.])")
+PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)(?:\s*[:,|])?\s+(?=[A-Za-z_])")
+PLAIN_FIELD = re.compile(rb"(?<![\w/])\d*([A-Za-z_][\w/]*)\s*(?:[:=]\s*)?(-?\d[\d.]*(?:[eE][+-]?\d+)?|nan|-?inf)(?![\w.])")

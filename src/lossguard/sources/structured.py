@@ -7,30 +7,43 @@ signal catalog so every format ends in the same records.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import STEP_KEYS, canonical, to_float
-from lossguard.sources.base import SourceError
+from lossguard.sources import patterns as P
+from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
+from lossguard.sources.scan import ScanCounts, bounded_lines
 
 
-def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[Record]:
-    ordinal = 0
-    last_step: int | None = None
+def rows_to_records(rows: Iterable[tuple[int | None, dict]], source: str) -> Iterator[Record]:
+    reader = RowReader(source)
     for line_no, row in rows:
+        record = reader.record(line_no, row)
+        if record is not None:
+            yield record
+
+
+class RowReader:
+    """`{key: value}` rows -> records, one row at a time (a JSONL file may mix rows with text lines)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.ordinal = 0
+        self.last_step: int | None = None
+
+    def record(self, line_no: int | None, row: object) -> Record | None:
         if not isinstance(row, dict):
-            continue
+            return None
         step = _step_of(row)
-        ordinal += 1
-        if step is None and last_step is not None:
-            step = last_step  # a row without a step (predict metrics) in a log that has them: the last step
-        last_step = step
+        self.ordinal += 1
+        if step is None and self.last_step is not None:
+            step = self.last_step  # a row without a step (predict metrics) in a log that has them: the last step
+        self.last_step = step
         if "train_runtime" in row:
-            yield Record(step=step, kind=EVENT, event="train-summary", source=source, line_no=line_no,
-                         data={k: v for k, v in row.items() if isinstance(v, (int, float))})
-            continue
+            return Record(step=step, kind=EVENT, event="train-summary", source=self.source, line_no=line_no,
+                          data={k: v for k, v in row.items() if isinstance(v, (int, float))})
         signals = {}
         for key, value in row.items():
             name = canonical(str(key))
@@ -38,19 +51,19 @@ def rows_to_records(rows: Iterable[tuple[int, dict]], source: str) -> Iterator[R
             if name is not None and number is not None:
                 signals[name] = number
         if not signals.keys() - {"epoch"}:
-            continue
+            return None
         # An eval key counts only with a value: LLaMA-Factory's trainer_log.jsonl carries "eval_loss": null
         # on every training row.
         is_eval = any(str(k).startswith(("eval_", "eval/")) and to_float(v) is not None for k, v in row.items())
-        yield Record(step=ordinal if step is None else step, signals=signals,
-                     kind=EVAL if is_eval else TRAIN, source=source, line_no=line_no,
-                     step_is_ordinal=last_step is None)
+        return Record(step=self.ordinal if step is None else step, signals=signals,
+                      kind=EVAL if is_eval else TRAIN, source=self.source, line_no=line_no,
+                      step_is_ordinal=self.last_step is None)
 
 
 def _step_of(row: dict) -> int | None:
     for key in STEP_KEYS:
         value = to_float(row.get(key))
-        if value is not None:
+        if value is not None and 0 <= value < 1e15:  # an inf or absurd step is no step
             return int(value)
     value = row.get("global_step/max_steps")  # ms-swift
     if isinstance(value, str) and value.split("/")[0].isdigit():
@@ -70,13 +83,15 @@ class TrainerStateSource:
     def parse(self, path: Path) -> Iterator[Record]:
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
-            state = json.loads(text)
-        except json.JSONDecodeError as exc:
+            state = JSON.decode(text)
+        except JSON_ERRORS as exc:
             history = _complete_entries(text)
             if not history:
-                raise SourceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}) "
-                                  "and no complete `log_history` entry; point lossguard at a complete "
-                                  "trainer_state.json or at the run's stdout log") from None
+                where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" if hasattr(exc, "lineno") else \
+                    "nested too deep"
+                raise SourceError(f"{path}: not valid JSON ({where}) and no complete `log_history` entry; "
+                                  "point lossguard at a complete trainer_state.json or at the run's stdout "
+                                  "log") from None
         else:
             history = state.get("log_history") if isinstance(state, dict) else None
         if not isinstance(history, list):
@@ -88,15 +103,14 @@ def _complete_entries(text: str) -> list[dict]:
     """The `log_history` entries of a trainer_state.json cut mid-file, up to the last complete one."""
     start = text.find('"log_history"')
     start = text.find("[", start) + 1 if start >= 0 else 0
-    decoder = json.JSONDecoder()
     entries: list[dict] = []
     while start:
         brace = text.find("{", start)
         if brace < 0:
             break
         try:
-            entry, start = decoder.raw_decode(text, brace)
-        except ValueError:
+            entry, start = JSON.raw_decode(text, brace)
+        except JSON_ERRORS:
             break
         if isinstance(entry, dict):
             entries.append(entry)
@@ -113,25 +127,37 @@ class JsonLinesSource:
         if not (first.startswith(b"{") and path.suffix in (".jsonl", ".json", ".ndjson", ".log", ".txt")):
             return False
         try:
-            row = json.loads(first)
-        except ValueError:
+            row = JSON.decode(first.decode("utf-8", "replace"))
+        except JSON_ERRORS:
             return False
         return isinstance(row, dict) and (_step_of(row) is not None or "loss" in row) and "lossguard" not in row
 
-    def parse(self, path: Path) -> Iterator[Record]:
-        yield from rows_to_records(_json_rows(path), path.name)
+    def parse(self, path: Path, counts: ScanCounts | None = None) -> Iterator[Record]:
+        """Each line on its own: a JSON object is a row, any other line goes to the text-log parser (a stdout
+        log whose first line happens to be a JSON record is still read whole)."""
+        from lossguard.sources.text_log import TextLogParser
+
+        rows, text = RowReader(path.name), TextLogParser(path.name)
+        with open(path, "rb") as handle:
+            for line_no, line in bounded_lines(handle, counts):
+                row = _json_row(line)
+                if row is not None:
+                    if (record := rows.record(line_no, row)) is not None:
+                        text.last_step = record.step if record.kind == TRAIN else text.last_step
+                        yield record
+                elif P.ANCHORS.search(line):
+                    yield from text.parse_line(line.rstrip(b"\r\n"), line_no)
 
 
-def _json_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line_no, line in enumerate(handle, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a live run is expected; skip, never fail the whole file
+def _json_row(line: bytes) -> dict | None:
+    line = line.strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        row = JSON.decode(line.decode("utf-8", "replace"))
+    except JSON_ERRORS:
+        return None  # a torn last line of a live run, or a text line: never fail the whole file
+    return row if isinstance(row, dict) else None
 
 
 class CsvSource:

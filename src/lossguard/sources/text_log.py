@@ -20,7 +20,7 @@ from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.ds_facts import facts_from_line
 from lossguard.sources.generic import read_line
-from lossguard.sources.scan import is_real_file, iter_grep_lines, iter_lines
+from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines
 
 _DEDUPE_WINDOW = 256
 # A log dict is a metrics log when it names one of these (`loss` first: nearly every one does).
@@ -478,16 +478,16 @@ def _is_ds_step(record: Record) -> bool:
     return "skipped_steps" in record.signals and "loss" not in record.signals
 
 
-def parse_stream(stream: BinaryIO, source: str) -> Iterator[Record]:
-    lines = iter_grep_lines(stream) if is_real_file(stream) else None
-    yield from merged(TextLogParser(source), lines if lines is not None else iter_lines(stream))
+def parse_stream(stream: BinaryIO, source: str, counts: ScanCounts | None = None) -> Iterator[Record]:
+    """A stream read once, in Python (pipes and in-memory streams; files go through `parse_file`)."""
+    yield from merged(TextLogParser(source), iter_lines(stream, counts))
 
 
-def parse_file(path: Path) -> Iterator[Record]:
-    lines = iter_grep_lines(path)
+def parse_file(path: Path, counts: ScanCounts | None = None) -> Iterator[Record]:
+    lines = iter_grep_lines(path, counts)
     if lines is None:
         with open(path, "rb") as stream:
-            yield from parse_stream(stream, path.name)
+            yield from parse_stream(stream, path.name, counts)
         return
     yield from merged(TextLogParser(path.name), lines)
 
@@ -497,11 +497,25 @@ def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
     yield from merged(TextLogParser(source), enumerate(lines, 1))
 
 
+# Control bytes no log writes (tab, newline, CR, form feed, ESC of colours are fine).
+_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 27))
+
+
+def looks_binary(sample: bytes) -> bool:
+    """Weights, archives, images: mostly NUL or many control bytes. A log with a run of NUL bytes (the
+    padding a crashed node leaves in a file being written) is still a log."""
+    text = sample.replace(b"\x00", b"")
+    if len(text) * 2 < len(sample):
+        return True
+    controls = len(text) - len(text.translate(None, _CONTROL))
+    return controls * 20 > len(text)
+
+
 class TextLogSource:
     name = "text"
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        return b"\x00" not in head[:4096]
+        return not looks_binary(head[:4096])
 
     def parse(self, path: Path) -> Iterator[Record]:
         return parse_file(path)
