@@ -93,3 +93,49 @@ def test_options_validated_once_with_the_bad_value():
     with pytest.raises(OptionError, match="fingerprint_every"):
         GuardOptions(fingerprint_every=-1)
     assert GuardOptions(halt_on=["broken", "rank-desync", "LOSS001"]).halt_on
+
+
+def test_a_loss_given_as_a_python_number_is_measured(tmp_path):
+    """`guard.step(loss=loss.item())` is common in hand-written loops: the number is the raw loss, and a
+    NaN given that way still halts the run."""
+    torch.manual_seed(0)
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = Guard(model, opt, events_dir=tmp_path, halt_on="error", console=False)
+    with pytest.raises(LossguardHalt) as halted:
+        for step in range(1, 7):
+            ids = torch.randint(0, 16, (4, 8))
+            loss = model(ids, ids)
+            loss.backward()
+            opt.step()
+            guard.step(loss=float("nan") if step == 4 else loss.item(), batch={"labels": ids})
+            opt.zero_grad()
+    assert halted.value.step == 4
+    guard.close()
+    lines = [json.loads(x) for x in (tmp_path / "events-rank0.jsonl").read_text().splitlines()]
+    assert not [x for x in lines if x.get("event") == "internal-error"]
+    losses = [x["signals"]["raw_loss"] for x in lines if x.get("kind") == "train" and "raw_loss" in x.get("signals", {})]
+    assert len(losses) >= 3
+
+
+def test_analysis_switched_off_makes_the_verdict_incomplete(tmp_path):
+    """A loss the guard cannot read (here a string) switches its analysis off on every rank; training goes
+    on. Read back, the run is never a clean 'healthy': the verdict is at least a warning and says why."""
+    from lossguard.api import analyze
+
+    torch.manual_seed(0)
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Guard(model, opt, events_dir=tmp_path, halt_on="error", console=False) as guard:
+        for step in range(1, 7):
+            ids = torch.randint(0, 16, (4, 8))
+            loss = model(ids, ids)
+            loss.backward()
+            opt.step()
+            guard.step(loss="not a loss" if step == 3 else loss, batch={"labels": ids})
+            opt.zero_grad()
+    assert guard.monitor.disabled
+    diagnosis = analyze([tmp_path])
+    assert diagnosis.verdict == "warning"
+    assert any("live guard stopped analysing at step 3" in why for why in diagnosis.incomplete)
+    assert "SRC001" in [f.code for f in diagnosis.findings]

@@ -79,6 +79,8 @@ class Monitor:
         try:
             tokens = tensors.supervised_tokens(labels) if labels is not None else None
             if loss is not None:
+                if not isinstance(loss, torch.Tensor):  # a Python / numpy number: measured all the same
+                    loss = torch.tensor(float(loss), dtype=torch.float64)
                 loss = loss.detach().reshape(()).to(torch.float64)
                 if num_items is not None and tokens is not None:
                     # sum-reduced loss over num_items: back to a per-token sum for this micro-batch

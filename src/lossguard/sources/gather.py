@@ -16,7 +16,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ class Gathering:
     used: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "path: why"
     unread: list[str] = field(default_factory=list)  # inputs of the run that could not be read: "path: why"
+    guard_off: list[str] = field(default_factory=list)  # the live guard stopped analysing: "at step N: why"
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
 
@@ -46,7 +47,18 @@ class Gathering:
             reasons.append(f"{self.counts.cut_lines} line(s) longer than {MAX_LINE >> 10} KB were read by their "
                            f"first and last {half} KB only (first at line {self.counts.first_cut_line})")
         reasons.extend(f"not read: {why}" for why in self.unread)
+        reasons.extend(f"the live guard stopped analysing {why}; the steps after it were not checked"
+                       for why in self.guard_off)
         return reasons
+
+    def noting_guard_off(self, records: Iterable[Record]) -> Iterator[Record]:
+        """The records, unchanged; a live guard's "internal-error" event (its analysis switched off on
+        every rank, training went on) is noted as a reason the analysis is incomplete."""
+        for record in records:
+            if record.kind == EVENT and record.event == "internal-error" and not self.guard_off:  # every rank wrote it
+                detail = record.data.get("detail") or "an internal error"
+                self.guard_off.append(f"at step {record.step} on rank {record.rank} ({detail})")
+            yield record
 
     def spool_dir(self) -> Path:
         if self._spool is None:
