@@ -134,6 +134,16 @@ def test_divergence_and_spike():
     assert (d.verdict, d.signature, d.onset_step) == ("warning", "loss-spike", 11)
 
 
+def test_the_stand_in_loss_of_a_skipped_step_is_not_the_runs_minimum():
+    """bf16 with check_grad_overflow: the one bad step is skipped (grad_norm inf) and the Trainer's NaN
+    filter logs a stand-in loss well under the others (4.2 ... 1.8 ... 4.0). The loss after it is not a
+    divergence from 1.8: the run goes on learning as before."""
+    rows = [(4.2 - 0.03 * i, 2.0, 1e-3) for i in range(7)] + [(1.8, math.inf, 1e-3)] + \
+           [(3.99 - 0.01 * i, 1.5, 1e-3) for i in range(12)]
+    d = run(logs(*rows))
+    assert "LOSS005" not in [f.code for f in d.findings], d.findings
+
+
 def test_memorization_is_healthy_and_named():
     rows = [(3.0 * 0.6 ** i, 0.5 * 0.8 ** i + 0.01 * (i % 3), 1e-4) for i in range(30)]
     d = run(logs(*rows))

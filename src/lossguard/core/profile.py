@@ -90,7 +90,8 @@ class RankProfile:
         high = valid and loss > max(2.0 * reference, reference + 2.0)
         spike = self._spike(loss, step)
         recurs = self._recur(loss) if loss != 0.0 else None  # a zero loss is another rule's business
-        self.minimum = min(self.minimum, loss)
+        if grad is None or grad_ok:  # beside a non-finite grad norm the logged loss is the NaN filter's stand-in
+            self.minimum = min(self.minimum, loss)
         if high or spike is not None or recurs is not None or self.repeat_streak >= REPEAT_LOGS:
             return Reading(self.num, loss, (self.repeat_value, self.repeat_streak, self.repeat_since),
                            reference if valid else None, high, spike, recurs)
