@@ -52,15 +52,20 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
 
 
 def _mark_incomplete(diagnosis: Diagnosis, gathering: Gathering) -> None:
-    """Part of the input was not analysed: say so, as a warning-level finding (never a silent healthy)."""
     diagnosis.gathering = gathering
-    diagnosis.incomplete = gathering.incomplete_reasons()
-    if not diagnosis.incomplete:
+    mark_incomplete(diagnosis, gathering.incomplete_reasons())
+
+
+def mark_incomplete(diagnosis: Diagnosis, reasons: list[str]) -> None:
+    """Part of the input was not analysed: say so, as a warning-level finding (never a silent healthy).
+    `diagnosis.incomplete` holds the reasons ([] when everything was analysed)."""
+    diagnosis.incomplete = list(reasons)
+    if not reasons:
         return
     diagnosis.findings.append(Finding(
         "SRC001", "analysis-incomplete", Severity.WARNING,
-        "analysis incomplete: " + "; ".join(diagnosis.incomplete) + "; the verdict covers what was read",
-        data={"reasons": list(diagnosis.incomplete)}))
+        "analysis incomplete: " + "; ".join(reasons) + "; the verdict covers what was read",
+        data={"reasons": list(reasons)}))
     if diagnosis.verdict == "healthy":
         diagnosis.verdict = "warning"
 

@@ -46,6 +46,8 @@ was read. The reasons are in the finding and in the JSON report's `incomplete` l
     dumped tensor or a progress bar without newlines; its middle is not parsed)
   - a file of the run could not be read (a trainer_state.json cut before its first entry, ...): the other
     logs of the directory were analysed without it
+  - the live guard switched its analysis off mid-run after an internal error (its events say at which step)
+  - under `watch`, the live analysis stopped after an internal error; the command ran on unwatched
 A run that would otherwise be healthy gets the verdict `warning`. Fix: pass the missing or complete file,
 or the run's stdout log."""
 

@@ -362,3 +362,36 @@ def test_group_members_helper_sees_a_live_group():
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     assert group_members(proc.pid) == []
+
+
+def test_a_line_longer_than_the_cap_makes_the_report_incomplete(tmp_path):
+    """A healthy run that printed one 2 MB line (a dumped tensor): the line's head is not parsed, and the
+    report says so instead of a clean healthy."""
+    code = "import sys\nsys.stdout.write('x' * (2 << 20) + '\\n')\n" + HEALTHY
+    result = run_watch("--report", str(tmp_path), "--", *child(code))
+    assert result.returncode == 7
+    data = report(tmp_path)
+    assert data["verdict"] == "warning" and data["stats"]["train_logs"] == 10
+    assert data["incomplete"] and "1 line(s) longer than" in data["incomplete"][0]
+    assert "SRC001" in [f["code"] for f in data["findings"]]
+
+
+def test_an_internal_error_in_the_live_analysis_is_incomplete_not_healthy(tmp_path, monkeypatch):
+    """A lossguard bug in the analysis (injected here) never stops the command, and the run it no longer
+    checked is never reported healthy."""
+    from lossguard.watch import watch
+    from lossguard.watch.analyzer import LiveAnalyzer
+
+    feed, calls = LiveAnalyzer.feed, []
+
+    def failing_feed(self, body, **kwargs):
+        calls.append(len(body))
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        return feed(self, body, **kwargs)
+
+    monkeypatch.setattr(LiveAnalyzer, "feed", failing_feed)
+    result = watch(child(HEALTHY), report_dir=tmp_path, halt_on="warning")
+    assert result.exit_code == 7 and not result.outcome.halted
+    assert result.diagnosis.verdict == "warning"
+    assert any("internal error (RuntimeError: injected)" in why for why in report(tmp_path)["incomplete"])

@@ -12,6 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from lossguard.api import mark_incomplete
 from lossguard.diagnose.diagnosis import Diagnosis
 from lossguard.watch.analyzer import LiveAnalyzer
 from lossguard.watch.process import (
@@ -43,6 +44,7 @@ class WatchResult:
     def to_dict(self) -> dict:
         """The `analyze --format json` contract plus a `watch` block (command, exit status, signals sent)."""
         report = self.diagnosis.to_dict()
+        report["incomplete"] = list(getattr(self.diagnosis, "incomplete", []))
         report["watch"] = self.outcome.to_dict()
         return report
 
@@ -64,10 +66,22 @@ def watch(command: list[str], *, halt_on: str | None = None, grace_s: float = 10
     analyzer = watcher.analyzer
     outcome = watcher.run()
     diagnosis = analyzer.finish(inputs=[str(log_path) if log_path is not None else "<watch>"])
+    mark_incomplete(diagnosis, _incomplete_reasons(outcome, analyzer))
     result = WatchResult(outcome, diagnosis, log_path, [])
     if report_dir is not None:
         result.report_paths = write_reports(result, report_dir, command)
     return result
+
+
+def _incomplete_reasons(outcome, analyzer: LiveAnalyzer) -> list[str]:
+    reasons = []
+    if outcome.cut_lines:
+        reasons.append(f"{outcome.cut_lines} line(s) longer than {analyzer.cap_bytes >> 10} KB were read by "
+                       "their last part only")
+    if outcome.analysis_error is not None:
+        reasons.append(f"the live analysis stopped after an internal error ({outcome.analysis_error}); the "
+                       "output after it was not checked")
+    return reasons
 
 
 def write_reports(result: WatchResult, report_dir: Path, command: list[str]) -> list[Path]:

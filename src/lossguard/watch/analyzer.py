@@ -48,6 +48,7 @@ class LiveAnalyzer:
         self.num_lines = 0  # lines seen so far, over both streams: line numbers in the watch log
         self._announced: set[tuple[str, str | None]] = set()
         self._worst = 0
+        self.cut_lines = 0  # lines longer than cap_bytes, read by their last part (the report says so)
 
     def feed(self, body: bytes, *, complete: bool = True) -> list[Alert]:
         """Whole lines (`body` ends with a newline unless `complete` is False: the last, unterminated one)."""
@@ -58,6 +59,7 @@ class LiveAnalyzer:
         for line_no, line in iter_lines(io.BytesIO(body)):
             if len(line) > self.cap_bytes:
                 line = line[-self.cap_bytes:]
+                self.cut_lines += 1
             for record in self.parser.parse_line(line, base + line_no):
                 records.append(record)
                 where[id(record)] = (base + line_no, self.parser.last_step)

@@ -23,6 +23,7 @@ class LineAssembler:
         self.cap_bytes = cap_bytes
         self._pending = bytearray()  # the current partial line, not yet logged
         self._spilled = b""  # the last cap_bytes of an overlong line already logged (parser view only)
+        self.cut_lines = 0  # overlong lines the parser saw the tail of (the report says so)
 
     def push(self, chunk: bytes) -> tuple[bytes, bytes]:
         """(bytes to log, whole lines to parse) for one chunk; both may be empty."""
@@ -62,6 +63,8 @@ class LineAssembler:
         if len(self._pending) <= self.cap_bytes:
             return b""
         spill = bytes(self._pending)
+        if not self._spilled:  # the first spill of this line
+            self.cut_lines += 1
         self._spilled = (self._spilled + spill)[-self.cap_bytes:]
         self._pending = bytearray()
         return spill

@@ -81,6 +81,7 @@ class WatchOutcome:
     num_lines: int = 0
     num_bytes: int = 0
     analysis_error: str | None = None
+    cut_lines: int = 0  # lines longer than the cap, parsed by their last part
     ended_mid_line: bool = False  # the command's last output line had no newline: start ours on a new one
 
     def to_dict(self) -> dict:
@@ -143,6 +144,7 @@ class Watcher:
             raise
         self._streams = {s.fd: s for s in (_Stream(self._proc.stdout, self.config.stdout_fd),
                                            _Stream(self._proc.stderr, self.config.stderr_fd))}
+        self._assemblers = [s.lines for s in self._streams.values()]  # kept after a stream closes
         try:
             self._loop()
         finally:
@@ -414,6 +416,8 @@ class Watcher:
         outcome.ended_mid_line = self._mid_line
         if self.analyzer is not None:
             outcome.num_lines = self.analyzer.num_lines
+            outcome.cut_lines = self.analyzer.cut_lines
+        outcome.cut_lines += sum(lines.cut_lines for lines in getattr(self, "_assemblers", []))
         if outcome.halted:
             outcome.exit_code = EXIT_HALTED
         elif outcome.returncode is None:
