@@ -123,12 +123,8 @@ class Monitor:
         # change it: a rank that decided differently would train on while the others wait in a collective.
         hits: list[Finding] = []
         try:
-            records: list[Record] = []
-            if first:
-                for rank_events in gathered_events:
-                    records.extend(rank_events or [])
-            records.extend(self._records(step, rows))
-            hits = should_halt(self.rules, self._emit_records(records))
+            leading = [r for rank_events in gathered_events for r in (rank_events or [])] if first else []
+            hits = should_halt(self.rules, self.analyse_rows(step, rows, leading))
         except Exception as exc:
             self._fail(exc, "analysis")
         if self._scheduled(step + 1):
@@ -227,6 +223,12 @@ class Monitor:
             values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas
             values.update_ratios = self.updates.ratios()
         return values
+
+    def analyse_rows(self, step: int, rows: list[list[float]], leading: list[Record] = ()) -> list[Finding]:
+        """One gathered step, as every rank analyses it: `leading` records (the first step's events), then
+        each rank's row in rank order, through the engine. The new findings. (`bench/scale.py` times this
+        at simulated world sizes.)"""
+        return self._emit_records([*leading, *self._records(step, rows)])
 
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
         records = []

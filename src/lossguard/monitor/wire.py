@@ -5,12 +5,14 @@ on every rank: nine base slots, then `num_lr` learning rates, then one update ra
 PRESENT slot says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
 The ERROR slot set means "this rank's lossguard failed": the row carries nothing else (every slot NaN).
 
-`encode` builds the vector on the communication device without a host sync (values may be 0-d tensors);
+`encode` builds the vector on the communication device without a host sync (values may be 0-d tensors;
+the Python numbers travel as one tensor, one copy);
 `decode` turns one gathered row (Python floats) back into signals and data. `decode(encode(x)) == x`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,30 @@ HAS_LOSS, HAS_LABELS, HAS_GRAD_NORM, HAS_SCALE, HAS_SKIPPED, HAS_PRINT, HAS_UPDA
 # (slot, bit, signal name) of the single-value optional signals.
 _SCALARS = ((GRAD_NORM, HAS_GRAD_NORM, "grad_norm"), (LOSS_SCALE, HAS_SCALE, "loss_scale"),
             (SKIPPED, HAS_SKIPPED, "skipped_steps"))
+
+
+def _assemble(slots: list[Any], device: torch.device) -> torch.Tensor:
+    """The vector on `device` with one host-to-device copy: the Python numbers go over as one tensor, the
+    values already on the device (0-d tensors) are written into it there. A copy per Python number would
+    be a transfer the host waits for, each step, per slot."""
+    host = [math.nan] * len(slots)
+    where, measured = [], []
+    for i, value in enumerate(slots):
+        if isinstance(value, torch.Tensor):
+            where.append(i)
+            measured.append(value.detach().reshape(()).to(device=device, dtype=torch.float64))
+        else:
+            host[i] = float(value)
+    vector = torch.tensor(host, dtype=torch.float64).to(device)
+    if measured:
+        vector = vector.index_copy(0, _slot_index(tuple(where), device), torch.stack(measured))
+    return vector
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_index(where: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The slots the device values go to, on the device: copied there once per set of slots, not per step."""
+    return torch.tensor(where, dtype=torch.long).to(device)
 
 
 @dataclass
@@ -80,7 +106,7 @@ class Layout:
             present |= HAS_UPDATE
         slots[ERROR] = 0.0
         slots[PRESENT] = float(present)
-        return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device).reshape(()) for v in slots])
+        return _assemble(slots, device)
 
     def error_vector(self, device: torch.device) -> torch.Tensor:
         vector = torch.full((self.length,), math.nan, dtype=torch.float64, device=device)
