@@ -25,7 +25,17 @@ import time
 ARMS = ("base", "default", "print1", "histo")
 
 
-def worker(out: str, steps: int, rounds: int) -> None:
+# The model and batch per machine kind: the CPU figure's small GPT-2, and on a GPU the workload the
+# GPU measurements were taken on (GPT-2 124M, bf16, ZeRO-2, batch 8 x 512 tokens).
+CPU_SHAPE = {"vocab": 16000, "seq": 64, "n_embd": 384, "n_layer": 8, "n_head": 6, "batch": 4}
+GPU_SHAPE = {"vocab": 50257, "seq": 512, "n_embd": 768, "n_layer": 12, "n_head": 12, "batch": 8}
+
+
+def worker(out: str, steps: int, rounds: int, gpu: bool = False, arms: tuple[str, ...] = ARMS) -> None:
+    """Every arm, `rounds` times interleaved, in this process; rank 0 writes `bench.json` to `out`. On a GPU
+    also the synchronizing CUDA calls per steady step (torch.cuda.set_sync_debug_mode), per arm."""
+    import warnings
+
     import torch
     from accelerate.state import AcceleratorState, GradientState
     from torch.utils.data import Dataset
@@ -33,7 +43,8 @@ def worker(out: str, steps: int, rounds: int) -> None:
 
     from lossguard import LossguardCallback
 
-    vocab, seq = 16000, 64
+    shape = GPU_SHAPE if gpu else CPU_SHAPE
+    vocab, seq = shape["vocab"], shape["seq"]
 
     class Data(Dataset):
         def __len__(self):
@@ -45,11 +56,31 @@ def worker(out: str, steps: int, rounds: int) -> None:
             return {"input_ids": ids, "labels": ids.clone()}
 
     class Timer(TrainerCallback):
+        """Step start times; on a GPU also the synchronizing calls (warnings of the sync debug mode) of each
+        step after the warm-up."""
+
         def __init__(self):
             self.t: list[float] = []
+            self.syncs: list[int] = []
+            self._caught = None
 
         def on_step_begin(self, args, state, control, **kw):
+            if gpu:
+                torch.cuda.synchronize()  # step times of the device's work, not of the queue
+                if self._caught is not None:
+                    self.syncs.append(sum("synchroniz" in str(w.message) for w in self._caught))
+                    self._caught.clear()
+                if len(self.t) == 3:  # steady state: start counting
+                    self._recorder = warnings.catch_warnings(record=True)
+                    self._caught = self._recorder.__enter__()
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
             self.t.append(time.perf_counter())
+
+        def on_train_end(self, args, state, control, **kw):
+            if self._caught is not None:
+                torch.cuda.set_sync_debug_mode(0)
+                self._recorder.__exit__(None, None, None)
 
     def histo_hooks(model):
         def hook(grad):
@@ -60,12 +91,15 @@ def worker(out: str, steps: int, rounds: int) -> None:
     ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
           "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": {"stage": 2},
           "steps_per_print": 10**9}
-    results: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    if gpu:
+        ds["bf16"] = {"enabled": True}
+    results: dict[str, list[float]] = {arm: [] for arm in arms}
+    syncs: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(rounds):
-        for arm in ARMS:
+        for arm in arms:
             torch.manual_seed(0)
-            model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=384, n_layer=8,
-                                               n_head=6))
+            model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=shape["n_embd"],
+                                               n_layer=shape["n_layer"], n_head=shape["n_head"]))
             timer = Timer()
             callbacks = [timer]
             if arm == "default":
@@ -74,19 +108,21 @@ def worker(out: str, steps: int, rounds: int) -> None:
                 callbacks.append(LossguardCallback(fingerprint_every=1))
             elif arm == "histo":
                 histo_hooks(model)
-            args = TrainingArguments(output_dir=os.path.join(out, arm), per_device_train_batch_size=4,
+            args = TrainingArguments(output_dir=os.path.join(out, arm), per_device_train_batch_size=shape["batch"],
                                      max_steps=steps, learning_rate=1e-4, logging_steps=10**6,
-                                     save_strategy="no", report_to=[], seed=0, deepspeed=ds, use_cpu=True,
-                                     disable_tqdm=True)
+                                     save_strategy="no", report_to=[], seed=0, deepspeed=ds, use_cpu=not gpu,
+                                     bf16=gpu, disable_tqdm=True)
             Trainer(model=model, args=args, train_dataset=Data(), callbacks=callbacks).train()
             steps_s = [b - a for a, b in zip(timer.t[2:], timer.t[3:])]  # skip warm-up steps
             results[arm].append(statistics.median(steps_s))
+            if timer.syncs:
+                syncs[arm].append(statistics.median(timer.syncs))
             AcceleratorState._reset_state(True)
             GradientState._reset_state()
         n_params = sum(p.numel() for p in model.parameters())
     if int(os.environ.get("RANK", "0")) == 0:
         with open(os.path.join(out, "bench.json"), "w") as fh:
-            json.dump({"median_step_s": results, "num_params": n_params}, fh)
+            json.dump({"median_step_s": results, "num_params": n_params, "syncs_per_step": syncs}, fh)
 
 
 def main() -> None:
@@ -94,9 +130,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--worker", default=None)
+    parser.add_argument("--gpu", action="store_true", help="(worker) the GPU workload; see bench/gpu_overhead.py")
+    parser.add_argument("--arms", default=",".join(ARMS))
     opts = parser.parse_args()
     if opts.worker:
-        worker(opts.worker, opts.steps, opts.rounds)
+        worker(opts.worker, opts.steps, opts.rounds, gpu=opts.gpu, arms=tuple(opts.arms.split(",")))
         return
     out = tempfile.mkdtemp(prefix="lossguard-bench-")
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
