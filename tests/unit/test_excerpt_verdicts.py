@@ -105,6 +105,23 @@ def test_a_log_holding_a_non_finite_value_is_never_healthy(tmp_path):
     assert d.verdict in ("warning", "broken")
 
 
+def test_grad_norm_nan_in_every_log_under_a_constant_lr_is_broken(tmp_path):
+    # A constant schedule repeats its LR whether or not steps are skipped: it is no sign of skipping, and
+    # the log shows none (no OVERFLOW line, no loss scale), so three NaN norms in a row are a death.
+    rows = [{"loss": 2.31 - i / 100, "grad_norm": float("nan"), "learning_rate": 1e-5, "epoch": i / 10}
+            for i in range(4)]
+    d = _run(tmp_path, _dicts(rows))
+    assert d.verdict == "broken" and d.signature == "nonfinite"
+
+
+def test_one_nan_grad_norm_without_skipping_in_the_log_is_a_warning_not_healthy(tmp_path):
+    rows = [{"loss": 2.0 - i / 40, "grad_norm": 1.2, "learning_rate": 1e-5 * (i + 1), "epoch": i / 10}
+            for i in range(10)]
+    rows[4]["grad_norm"] = float("nan")
+    d = _run(tmp_path, _dicts(rows))
+    assert d.verdict == "warning" and "LOSS001" in [f.code for f in d.findings]
+
+
 # -- legitimate zeros ----------------------------------------------------------------------------------------
 
 def test_an_rl_loss_of_zero_with_a_live_gradient_is_healthy(tmp_path):

@@ -31,8 +31,10 @@ class NonFiniteLoss(DetectorBase):
     finite, non-zero loss may be such a skip in a log without OVERFLOW lines, but only while it is
     isolated: it counts as a death when the next log shows the weights died (loss 0.0 or NaN), when
     it persists while the LR schedule moves on (three logs in a row), or when the loss beside it
-    jumped by an order of magnitude. Logs whose learning rate did not move (still 0, or where it was)
-    are what skipping looks like, so only logs where the schedule went on count as persistent."""
+    jumped by an order of magnitude. Logs whose learning rate is still 0, or frozen where a moving schedule
+    was, are what skipping looks like and do not count as persistent (a constant schedule tells nothing).
+    A non-finite norm let pass this way is still reported at the end, as a warning: a log holding a
+    non-finite value is never healthy."""
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
     # Nothing non-finite and no zero loss (what would confirm a pending non-finite norm): nothing to judge.
@@ -45,9 +47,13 @@ class NonFiniteLoss(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
-        # rank -> [step, grad, grad seq, count]: non-finite norms next to a finite loss, waiting for the next log
+        # rank -> [step, grad, grad seq, count, frozen LR]: non-finite norms next to a finite loss, waiting
+        # for the next log
         self._pending: dict[int | None, list] = {}
         self._may_skip = True  # unless the facts rule it out, an inf norm may be a skipped fp16 step
+        # Non-finite norms let pass as possible skips: [first step, value, rank, how many]. A log holding
+        # a non-finite value is never healthy: `finish` warns about them if nothing fired.
+        self._let_pass: list | None = None
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -91,18 +97,38 @@ class NonFiniteLoss(DetectorBase):
         if before is not None and 0.0 < before < math.inf and not is_nonfinite(loss) and loss >= _JUMP * before:
             return self._fire(record, f"the loss jumped from {before:g} to {loss:g} at step {record.step} with a "
                                       f"gradient norm of {grad}: the step blew up", "grad_norm", grad)
+        lr = record.signals.get("lr")
         if pending is None:
-            pending = self._pending[record.rank] = [record.step, grad, grad_seq, 0]
-        # A skipped step does not step the scheduler: a log whose LR is still 0 or where it was before is
-        # what skipping looks like (transformers 5 + DeepSpeed print no OVERFLOW line for it). Only logs where
-        # the schedule moved on count towards "persistent".
-        lr, lr_before = record.signals.get("lr"), self.counts.previous(record.rank, "lr")
-        moved = lr is None or (lr != 0.0 and lr != lr_before)
+            # The LR a skip would freeze: only where the schedule was moving before (a constant schedule
+            # repeats its LR whether or not steps are skipped, so it tells nothing).
+            lr_before, lr_earlier = self.counts.previous(record.rank, "lr"), self.counts.earlier(record.rank, "lr")
+            moving = lr_earlier is not None and lr_before != lr_earlier
+            frozen = lr if lr is not None and lr == lr_before and moving else None
+            pending = self._pending[record.rank] = [record.step, grad, grad_seq, 0, frozen]
+        if self._let_pass is None:
+            self._let_pass = [record.step, grad, record.rank, 0]
+        self._let_pass[3] += 1
+        # A skipped step does not step the scheduler: a log whose LR is still 0, or frozen where a moving
+        # schedule was, is what skipping looks like (transformers 5 + DeepSpeed print no OVERFLOW line for
+        # it). Other logs count towards "persistent".
+        moved = lr is None or (lr != 0.0 and lr != pending[4])
         pending[2], pending[3] = grad_seq, pending[3] + moved
         if pending[3] >= _PERSISTENT:
             return self._fire(record, f"gradient norm is {pending[1]} in {pending[3]} logs in a row from step "
                                       f"{pending[0]}: not an isolated skipped step", "grad_norm", pending[1])
         return []  # maybe an fp16 skip (a streak of them while the scale calibrates): wait for the next log
+
+    def finish(self) -> list[Finding]:
+        super().finish()
+        if self.fired is not None or self._let_pass is None:
+            return []
+        step, grad, rank, count = self._let_pass
+        return self.emit(
+            f"gradient norm is {grad} at step {step} ({count} log(s) with a non-finite norm beside a finite "
+            "loss, none followed by a dead loss): skipped fp16 steps look like this, but this log shows no "
+            "skipping (no OVERFLOW line, no loss-scale drop). Check the run's skipped-step count; under bf16 "
+            "without check_grad_overflow such a step makes the weights NaN", step, rank,
+            severity=Severity.WARNING, signal="grad_norm", value=str(grad), on_eval=0)
 
     def _drop_stale(self, record: Record) -> None:
         """A grad norm came between the pending one and this record that the engine did not route: a
