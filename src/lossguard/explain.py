@@ -37,6 +37,9 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]) or a `step N`
     line above a block of metric lines; a bare printed loss tensor counts as one step. Torchtune,
     Lightning, NeMo, fairseq, DeepSpeed-Chat, nanoGPT, MLX and MetricLogger logs are read this way
+  - a table of steps and values pasted as text: a header row naming the columns (step, loss, Training
+    Loss, Validation Loss, lr, ...), then rows of numbers; markdown (| a | b |), tab, comma or space
+    separated
   - a log that holds only DeepSpeed loss-scaler overflow lines"""
 
 INCOMPLETE = """\

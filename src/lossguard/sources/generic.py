@@ -52,6 +52,13 @@ def role_of(raw: bytes) -> tuple[int, str | None, int]:
     return found
 
 
+def column_name(raw: str) -> str | None:
+    """The record key a table column named `raw` feeds: "step", "epoch", "loss", "eval_loss", a signal
+    name, or None (a column of no interest)."""
+    role, name, _ = role_of(raw.encode())
+    return "step" if role == _STEP else None if role == _SKIP else name
+
+
 def _classify(key: str) -> tuple[int, str | None, int]:
     if key in _STEP_NAMES:
         return _STEP, None, 0

@@ -1,0 +1,102 @@
+"""A table of steps and values pasted as text: a header row of names, then rows of numbers.
+
+    | step | loss  | lr      |          step  loss   lr
+    |------|-------|---------|          10    2.412  1e-05
+    | 10   | 2.412 | 1e-05   |          20    2.301  1e-05
+
+The names are in the header only, so no value row holds a loss-like word: the text-log path (which reads
+lines that name a metric) would see nothing. This source takes a file whose first line naming a loss is
+such a header followed by a row of numbers; each value row becomes a `{name: value}` row, read as a JSONL
+or CSV row is (`RowReader`), its columns named as the generic reader names them (`Training Loss` is the
+loss, `Validation Loss` the eval loss). Cells are split on `|` when the header has one, else on tabs or
+commas, else on whitespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from lossguard.core.records import Record
+from lossguard.core.signals import to_float
+from lossguard.sources.generic import column_name
+from lossguard.sources.structured import RowReader
+
+_RULE_CHARS = frozenset("|-: \t\r\n")
+_MAX_CELLS = 64
+
+
+def _is_rule(line: str) -> bool:
+    """A markdown separator row (|------|:---:|)."""
+    return "-" in line and set(line) <= _RULE_CHARS
+
+
+def _cells(line: str, piped: bool) -> list[str]:
+    if piped:
+        inner = line.strip()
+        inner = inner[1:] if inner.startswith("|") else inner
+        inner = inner[:-1] if inner.endswith("|") else inner
+        return [cell.strip() for cell in inner.split("|")]
+    if "\t" in line or "," in line:
+        return [cell.strip() for cell in line.strip().replace("\t", ",").split(",")]
+    return line.split()
+
+
+def _header(line: str) -> list[str] | None:
+    """The column names, when `line` is a header naming a loss (no cell a number)."""
+    piped = "|" in line
+    cells = _cells(line, piped)
+    if not 2 <= len(cells) <= _MAX_CELLS or any(to_float(c) is not None or not c for c in cells):
+        return None
+    names = [column_name(c) for c in cells]
+    return names if "loss" in names or "eval_loss" in names else None
+
+
+def _values(line: str, piped: bool, width: int) -> list[float | None] | None:
+    cells = _cells(line, piped)
+    if len(cells) != width:
+        return None
+    values = [to_float(c) for c in cells]
+    return values if any(v is not None for v in values) and all(v is not None or c in ("", "-") for v, c in
+                                                                    zip(values, cells)) else None
+
+
+class TableSource:
+    name = "table"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        lines = [line for line in head.decode("utf-8", "replace").splitlines() if line.strip()]
+        for index, line in enumerate(lines[:-1]):
+            if "loss" not in line.lower():
+                continue
+            header = _header(line)
+            if header is None:
+                return False  # the first line naming a loss is no table header: a text log
+            following = [ln for ln in lines[index + 1:index + 3] if not _is_rule(ln)]
+            return bool(following) and _values(following[0], "|" in line, len(header)) is not None
+        return False
+
+    def parse(self, path: Path) -> Iterator[Record]:
+        reader = RowReader(path.name)
+        header: list[str] | None = None
+        piped = False
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line_no, line in enumerate(handle, 1):
+                line = line[:65536]
+                if not line.strip() or _is_rule(line):
+                    continue
+                if "loss" in line.lower() and (names := _header(line)) is not None:
+                    header, piped = names, "|" in line
+                    continue
+                values = _values(line, piped, len(header)) if header is not None else None
+                if values is None:
+                    continue
+                row = {name: value for name, value in zip(header, values) if name and value is not None}
+                # A row with a train and an eval loss (the Trainer's notebook table) is two records.
+                eval_loss = row.pop("eval_loss", None)
+                if row.keys() - {"step", "epoch"} and (record := reader.record(line_no, row)) is not None:
+                    yield record
+                if eval_loss is not None:
+                    where = {k: row[k] for k in ("step", "epoch") if k in row}
+                    if (record := reader.record(line_no, {**where, "eval_loss": eval_loss})) is not None:
+                        yield record
