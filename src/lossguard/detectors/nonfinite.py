@@ -33,8 +33,8 @@ class NonFiniteLoss(DetectorBase):
     it persists while the LR schedule moves on (three logs in a row), or when the loss beside it
     jumped by an order of magnitude. Logs whose learning rate is still 0, or frozen where a moving schedule
     was, are what skipping looks like and do not count as persistent (a constant schedule tells nothing).
-    A non-finite norm let pass this way is still reported at the end, as a warning: a log holding a
-    non-finite value is never healthy."""
+    An isolated non-finite norm in a log that never shows skipping (no fp16, no OVERFLOW line, no LR held
+    by a skip) is reported at the end, as a warning: such a log is never healthy."""
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
     # Nothing non-finite and no zero loss (what would confirm a pending non-finite norm): nothing to judge.
@@ -51,18 +51,23 @@ class NonFiniteLoss(DetectorBase):
         # for the next log
         self._pending: dict[int | None, list] = {}
         self._may_skip = True  # unless the facts rule it out, an inf norm may be a skipped fp16 step
-        # Non-finite norms let pass as possible skips: [first step, value, rank, how many]. A log holding
-        # a non-finite value is never healthy: `finish` warns about them if nothing fired.
+        # Non-finite norms let pass as possible skips although the log shows no sign of skipping (the LR moved
+        # on): [first step, value, rank, how many]. A log holding such a value is never healthy: `finish`
+        # warns about them if nothing fired.
         self._let_pass: list | None = None
+        self._skips_seen = False  # the log shows skipping (fp16, OVERFLOW lines, an LR held by skips)
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
             if record.event == "overflow" and record.step is not None:
                 self._fp16_skip_until = record.step + 1
+                self._skips_seen = True
             elif record.event == "facts" and record.data.get("bf16") and not record.data.get("fp16") and \
                     record.data.get("check_grad_overflow") is not True:
                 # bf16 without check_grad_overflow never skips: a non-finite norm is fatal at once.
                 self._may_skip = False
+            elif record.event == "facts" and record.data.get("fp16"):
+                self._skips_seen = True
             return []
         self._drop_stale(record)
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
@@ -105,13 +110,16 @@ class NonFiniteLoss(DetectorBase):
             moving = lr_earlier is not None and lr_before != lr_earlier
             frozen = lr if lr is not None and lr == lr_before and moving else None
             pending = self._pending[record.rank] = [record.step, grad, grad_seq, 0, frozen]
-        if self._let_pass is None:
-            self._let_pass = [record.step, grad, record.rank, 0]
-        self._let_pass[3] += 1
         # A skipped step does not step the scheduler: a log whose LR is still 0, or frozen where a moving
         # schedule was, is what skipping looks like (transformers 5 + DeepSpeed print no OVERFLOW line for
-        # it). Other logs count towards "persistent".
+        # it). Other logs count towards "persistent", and are warned about at the end if they stay isolated.
         moved = lr is None or (lr != 0.0 and lr != pending[4])
+        if not moved:
+            self._skips_seen = True
+        else:
+            if self._let_pass is None:
+                self._let_pass = [record.step, grad, record.rank, 0]
+            self._let_pass[3] += 1
         pending[2], pending[3] = grad_seq, pending[3] + moved
         if pending[3] >= _PERSISTENT:
             return self._fire(record, f"gradient norm is {pending[1]} in {pending[3]} logs in a row from step "
@@ -120,14 +128,14 @@ class NonFiniteLoss(DetectorBase):
 
     def finish(self) -> list[Finding]:
         super().finish()
-        if self.fired is not None or self._let_pass is None:
+        if self.fired is not None or self._let_pass is None or self._skips_seen:
             return []
         step, grad, rank, count = self._let_pass
         return self.emit(
             f"gradient norm is {grad} at step {step} ({count} log(s) with a non-finite norm beside a finite "
-            "loss, none followed by a dead loss): skipped fp16 steps look like this, but this log shows no "
-            "skipping (no OVERFLOW line, no loss-scale drop). Check the run's skipped-step count; under bf16 "
-            "without check_grad_overflow such a step makes the weights NaN", step, rank,
+            "loss, none followed by a dead loss): a skipped fp16 step would look like this, but this log shows "
+            "no skipping (no OVERFLOW line, no loss-scale drop, the LR moved on). Check the run's skipped-step "
+            "count; under bf16 without check_grad_overflow such a step makes the weights NaN", step, rank,
             severity=Severity.WARNING, signal="grad_norm", value=str(grad), on_eval=0)
 
     def _drop_stale(self, record: Record) -> None:
