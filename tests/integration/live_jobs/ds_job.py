@@ -140,10 +140,4 @@ def _count_gathered_parameters() -> list[int]:
 
 
 if __name__ == "__main__":
-    for scenario in sys.argv[2:]:
-        run(sys.argv[1], scenario)
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    tiny.run_scenarios(run)

@@ -152,19 +152,8 @@ def run(out_dir: str, name: str) -> None:
     if tiny.rank() == 0:
         with open(os.path.join(work, "summary.json"), "w") as fh:
             json.dump(summary, fh, default=str)
-    # accelerate keeps process-wide state; reset it so the next scenario builds a fresh engine
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    tiny.reset_accelerate()
 
 
 if __name__ == "__main__":
-    out = sys.argv[1]
-    for scenario in sys.argv[2:]:
-        run(out, scenario)
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    tiny.run_scenarios(run)

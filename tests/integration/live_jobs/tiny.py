@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 from torch.utils.data import Dataset
@@ -79,3 +80,23 @@ def hf_ds_config(stage: int, **kw) -> dict:
     if "fp16" in config:
         config["fp16"]["enabled"] = "auto"
     return config
+
+
+def reset_accelerate() -> None:
+    """accelerate keeps process-wide state; reset it so the next scenario builds a fresh engine."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def run_scenarios(run) -> None:
+    """`JOB.py OUT_DIR SCENARIO [SCENARIO ...]`: `run(out_dir, scenario)` for each in turn, then every rank
+    leaves the process group together (a rank that exits first makes the others' teardown fail)."""
+    for scenario in sys.argv[2:]:
+        run(sys.argv[1], scenario)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
