@@ -16,8 +16,9 @@ def test_counts_and_last_two_values_from_runs_and_single_records():
     counts.advance(0, {"loss": [1.0, None, 2.0, 3.0], "lr": [None] * 4}, 0, 3)
     assert (counts.seq(0, "loss"), counts.last(0, "loss"), counts.previous(0, "loss")) == (2, 2.0, 1.0)
     assert counts.seq(0, "lr") == 0 and counts.last(0, "lr") is None
-    counts.advance_record(0, {"loss": 4.0})
+    counts.advance(0, {"loss": [4.0]}, 0, 1)  # one record: the engine's `feed`
     assert (counts.seq(0, "loss"), counts.last(0, "loss"), counts.previous(0, "loss")) == (3, 4.0, 2.0)
+    assert counts.earlier(0, "loss") == 1.0
     assert counts.seq(1, "loss") == 0  # per rank
 
 

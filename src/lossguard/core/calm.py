@@ -73,9 +73,6 @@ class SignalCounts:
         """The value in the record counted two before the latest (at `seq - 2`)."""
         return self._earlier.get((rank, name))
 
-    def advance_record(self, rank: int | None, signals: dict[str, float]) -> None:
-        self.advance(rank, {name: [value] for name, value in signals.items()}, 0, 1)
-
     def advance(self, rank: int | None, columns: dict[str, list], lo: int, hi: int) -> None:
         """Records lo..hi-1 of a run, from its columns (None where a record lacks the signal)."""
         counts, last, before, earlier = self._counts, self._last, self._before, self._earlier

@@ -81,8 +81,8 @@ class Engine:
         self._account([record])
         self.profile.reading = None
         if record.kind == TRAIN:
-            self.counts.advance_record(record.rank, record.signals)
             columns = {name: [value] for name, value in record.signals.items()}
+            self.counts.advance(record.rank, columns, 0, 1)
             self.profile.reading = self.profile.advance(record.rank, columns, [record.step], 0, 1).get(0)
         new = self._observe(record)
         if not (record.kind == EVENT and record.event == "facts"):

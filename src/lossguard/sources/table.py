@@ -53,12 +53,14 @@ def _header(line: str) -> list[str] | None:
 
 
 def _values(line: str, piped: bool, width: int) -> list[float | None] | None:
+    """A row of `width` numbers (an empty or "-" cell is a missing value; any other word: not a row)."""
     cells = _cells(line, piped)
     if len(cells) != width:
         return None
     values = [to_float(c) for c in cells]
-    return values if any(v is not None for v in values) and all(v is not None or c in ("", "-") for v, c in
-                                                                    zip(values, cells)) else None
+    if any(v is None and c not in ("", "-") for v, c in zip(values, cells)):
+        return None
+    return values if any(v is not None for v in values) else None
 
 
 class TableSource:
