@@ -28,7 +28,7 @@ class ArmsError(ValueError):
 class Arm:
     name: str
     changes: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""  # why this arm: a lint code, a KNOWLEDGE.md section, "from FILE"
+    reason: str = ""  # why this arm, as the user reads it: a lint code, an `explain` id, "from FILE"
 
     @property
     def is_baseline(self) -> bool:
