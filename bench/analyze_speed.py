@@ -133,6 +133,16 @@ def best(cmd: list[str], repeat: int) -> tuple[float, int]:
     return min(r[0] for r in runs), max(r[1] for r in runs)
 
 
+def anchor_scan_cmd(path: Path) -> list[str]:
+    """The scan `analyze` starts with: grep -F over every anchor the parsers need (sources/scan.py)."""
+    from lossguard.sources import patterns
+
+    args = ["env", "LC_ALL=C", "grep", "-F", "-a", "-n", "--no-messages"]  # as scan.py runs it
+    for anchor in patterns.ANCHOR_STRINGS:
+        args += ["-e", anchor]
+    return [*args, "--", str(path)]
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT / "src"))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,6 +175,13 @@ def main() -> None:
         dense_s, rss_dense = best([*analyze, str(dense)], args.repeat)
         print(f"dense multi-node log (tqdm + step= + two node-prefixed quoted dicts every step): analyze "
               f"{dense_s:.3f} s, grep -c {dense_grep_s:.3f} s: {dense_s / dense_grep_s:.2f}x, peak RSS {rss_dense} MiB")
+        # What no parser work can go below: the anchor scan (it runs beside the parser, on the other core)
+        # and the interpreter with lossguard's imports.
+        startup_s, _ = best([sys.executable, "-c", "import lossguard.cli.main, lossguard.api"], args.repeat)
+        for name, path, base in (("bench log", log, grep_s), ("dense log", dense, dense_grep_s)):
+            scan_s, _ = best(anchor_scan_cmd(path), args.repeat)
+            print(f"floor ({name}): anchor scan {scan_s:.3f} s ({scan_s / base:.2f}x grep -c) + start-up "
+                  f"{startup_s:.3f} s ({startup_s / base:.2f}x) = {(scan_s + startup_s) / base:.2f}x before any line is parsed")
         for name, path in (("bench log", log), ("dense log", dense)):
             parse_s, count = min(parse_only_s(path) for _ in range(args.repeat))
             print(f"parse only ({name}, in-process, no detectors): {parse_s:.3f} s, {count:,} records")
