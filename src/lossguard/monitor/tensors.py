@@ -3,6 +3,7 @@ function says SYNC POINT; the monitor moves the results to the host in its one p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,71 +104,107 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor | None:
     """A float64 fingerprint of the parameters this rank holds as a replica (device tensor), or None when
     it holds none.
 
-    Position-weighted sums and norms, so a changed, swapped or rescaled tensor moves it. ZeRO-3
-    parameters are left out: each lives once in the world, as the shards of its fp32 master, and DeepSpeed
-    re-gathers every full copy from those shards at every step (persistent ones included), so ranks can
-    never disagree on them. Leaving them out also keeps this free of collectives: gathering a 7B model's
-    embedding on every rank for a print would cost a full-model all-gather and could run a rank out of
-    memory.
+    The position-weighted sum of every tensor's L2 norm, so a changed, swapped or rescaled tensor moves it.
+    One multi-tensor kernel per (device, dtype) reads every parameter (`torch._foreach_norm`), not a few
+    kernels and Python steps per parameter: on a GPU such a loop costs more in launches than the reading.
+    ZeRO-3 parameters are left out: each lives once in the world, as the shards of its fp32 master, and
+    DeepSpeed re-gathers every full copy from those shards at every step (persistent ones included), so
+    ranks can never disagree on them. Leaving them out also keeps this free of collectives: gathering a 7B
+    model's embedding on every rank for a print would cost a full-model all-gather and could run a rank out
+    of memory.
     """
-    params = list(model.parameters())
+    params = [p.data for p in model.parameters() if not _is_zero3(p)]
+    if not params:
+        return None
     total = None
-    for index, param in enumerate(params):
-        if _is_zero3(param):
-            continue
-        term = _tensor_print(param.data) * (1.0 + index / len(params))
+    for positions, tensors in _by_device_and_dtype(params):
+        norms = torch.stack(_norms(tensors)).double()
+        term = (norms * _position_weights(positions, len(params), tensors[0].device)).sum()
         total = term if total is None else total + term
     return total
 
 
-def _tensor_print(tensor: torch.Tensor) -> torch.Tensor:
-    # Reduce in the tensor's own precision and widen only the two scalars: asking torch for float64
-    # reductions materialises a float64 copy of every weight (9x slower on CPU in bench/overhead.py).
-    # Identical replicas still give bit-identical prints, which is what the ranks compare.
-    # bf16/fp16 results would round the print to 8-11 bits: those accumulate into float32.
-    wide = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else None
-    return (torch.sum(tensor, dtype=wide).double()
-            + torch.linalg.vector_norm(tensor, dtype=wide).double())
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _by_device_and_dtype(tensors: list[torch.Tensor]) -> list[tuple[tuple[int, ...], list[torch.Tensor]]]:
+    """(positions, tensors) per (device, dtype): a multi-tensor kernel takes one of each."""
+    groups: dict[tuple, tuple[list[int], list[torch.Tensor]]] = {}
+    for index, tensor in enumerate(tensors):
+        positions, members = groups.setdefault((tensor.device, tensor.dtype), ([], []))
+        positions.append(index)
+        members.append(tensor)
+    return [(tuple(positions), members) for positions, members in groups.values()]
+
+
+def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The L2 norm of each tensor (one dtype and device). Identical replicas give bit-identical norms, which
+    is what the ranks compare; bf16/fp16 norms would round the print to 8-11 bits, so those accumulate and
+    return in float32 (no float32 copy of any weight is made)."""
+    wide = torch.float32 if tensors[0].dtype in _HALF else None
+    return list(torch._foreach_norm(tensors, 2, dtype=wide))
+
+
+@functools.lru_cache(maxsize=64)
+def _position_weights(positions: tuple[int, ...], count: int, device: torch.device) -> torch.Tensor:
+    """1 + position / count for each tensor, on the device: copied there once, not per fingerprint."""
+    return torch.tensor([1.0 + index / count for index in positions], dtype=torch.float64).to(device)
 
 
 class UpdateSampler:
     """Largest |Δw|/|w| per module group, from a fixed sample of each trainable parameter.
 
-    `snapshot()` copies at most `sample_size` elements of every parameter (ZeRO-3: of this rank's
-    partition); `ratios()` after the optimizer step compares. Memory and time stay tiny at any scale.
+    `snapshot()` copies at most `sample_size` leading elements of every parameter (ZeRO-3: of this rank's
+    partition) into one flat float32 buffer; `ratios()` after the optimizer step compares: a concatenation, a
+    subtraction, two multi-tensor norms and two sums by group, whatever the number of parameters. Memory and
+    time stay tiny at any scale.
     """
 
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], groups: list[str],
                  assign: dict[str, str], sample_size: int) -> None:
         self.groups = groups
-        self.items = [(assign[name], param) for name, param in named_params]
+        self.items = [(groups.index(assign[name]), param) for name, param in named_params]
         self.sample_size = sample_size
-        self.saved: list[torch.Tensor] | None = None
+        self.saved: torch.Tensor | None = None
 
-    def _views(self) -> list[torch.Tensor]:
-        views = []
-        for _, param in self.items:
-            data = param.ds_tensor if _is_zero3(param) else param.data
-            views.append(data.reshape(-1)[: self.sample_size])
-        return views
+    def _sample(self) -> torch.Tensor:
+        """The leading elements of every parameter, as one flat float32 tensor on the first one's device
+        (torch.cat promotes mixed dtypes; a model split over GPUs sends its samples over device to device)."""
+        views = [_partition(param).detach().reshape(-1)[: self.sample_size] for _, param in self.items]
+        if not views:
+            return torch.zeros(0)
+        device = views[0].device
+        return torch.cat([view.to(device) for view in views]).float()
 
     def snapshot(self) -> None:
-        self.saved = [v.detach().float().clone() for v in self._views()]
+        self.saved = self._sample()  # a new tensor: torch.cat copies
 
     def ratios(self) -> list[torch.Tensor] | None:
         if self.saved is None:
             return None
-        now = [v.detach().float() for v in self._views()]
-        device = now[0].device if now else torch.device("cpu")
-        delta_sq = {g: torch.zeros((), device=device) for g in self.groups}
-        base_sq = {g: torch.zeros((), device=device) for g in self.groups}
-        for (group, _), old, new in zip(self.items, self.saved, now):
-            if old.numel() == 0:
-                continue
-            delta_sq[group] = delta_sq[group] + torch.sum((new - old) ** 2)
-            base_sq[group] = base_sq[group] + torch.sum(old**2)
+        now, old = self._sample(), self.saved
         self.saved = None
-        return [torch.sqrt(delta_sq[g]) / torch.sqrt(base_sq[g]).clamp_min(1e-30) for g in self.groups]
+        if not self.items:
+            return []
+        sizes = [min(_partition(param).numel(), self.sample_size) for _, param in self.items]
+        # Per parameter, then per group: the flat sample split back into views (no copy) and reduced by
+        # one multi-tensor kernel each.
+        delta_sq = torch.stack(_norms(list((now - old).split(sizes)))) ** 2
+        base_sq = torch.stack(_norms(list(old.split(sizes)))) ** 2
+        index = _group_index(tuple(group for group, _ in self.items), now.device)
+        zeros = torch.zeros(len(self.groups), device=now.device)
+        by_group = zeros.index_add(0, index, delta_sq).sqrt() / zeros.index_add(0, index, base_sq).sqrt().clamp_min(1e-30)
+        return list(by_group.unbind())
+
+
+def _partition(param: torch.nn.Parameter) -> torch.Tensor:
+    return param.ds_tensor if _is_zero3(param) else param.data
+
+
+@functools.lru_cache(maxsize=16)
+def _group_index(groups: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Each sampled parameter's group, on the device: copied there once."""
+    return torch.tensor(groups, dtype=torch.long).to(device)
 
 
 def assign_groups(named_params: list[tuple[str, torch.nn.Parameter]],
