@@ -84,7 +84,7 @@ class Monitor:
                 loss = loss.detach().reshape(()).to(torch.float64)
                 if num_items is not None and tokens is not None:
                     # sum-reduced loss over num_items: back to a per-token sum for this micro-batch
-                    loss = loss * torch.as_tensor(num_items, dtype=torch.float64, device=loss.device)
+                    loss = loss * _factor(num_items, loss.device)
                     weight = tokens.to(torch.float64)
                 else:
                     weight = None
@@ -297,6 +297,14 @@ class Monitor:
                                                detail=self._local_error)))
         if self.rank == min(ranks):  # reported once, by the rank that knows the detail
             say(text)
+
+
+def _factor(value: Any, device: torch.device) -> torch.Tensor | float:
+    """A multiplier for a device value without a copy the host waits for: a tensor already on that device
+    stays there; a number, or a CPU tensor beside a GPU loss, is read where it is (the host)."""
+    if isinstance(value, torch.Tensor) and value.device == device:
+        return value.to(torch.float64)
+    return float(value)
 
 
 class _Reported(Exception):
