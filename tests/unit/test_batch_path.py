@@ -78,9 +78,10 @@ def _fixture_inputs():
         for path in sorted(run.iterdir()):
             if path.name != "meta.json":
                 yield pytest.param(path, id=f"{run.name}/{path.name}")
-    for path in sorted((FIXTURES / "excerpts").iterdir()):
+    excerpts = FIXTURES / "excerpts"
+    for path in sorted(p for p in excerpts.rglob("*") if p.is_file()):  # the format zoo's files one by one
         if path.suffix != ".md":
-            yield pytest.param(path, id=f"excerpts/{path.name}")
+            yield pytest.param(path, id=f"{path.relative_to(excerpts.parent)}")
 
 
 @pytest.mark.parametrize("path", list(_fixture_inputs()))
