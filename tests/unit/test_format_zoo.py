@@ -59,6 +59,12 @@ CASES = {
     "wandb_run_summary_healthy.log": ("healthy", ANY, ANY),
     "wandb_run_summary_loss0_gradnan_broken.log": ("broken", ("nonfinite", "nonfinite-hidden"), ANY),
     "xtuner_mmengine_lr0_gradnorm0_broken.log": ("broken", ("no-grad-flow", "lr-zero"), 10),
+    "nanogpt_iter_and_eval_lines_healthy.log": ("healthy", ANY, ANY),
+    "run-tensorboard_export_healthy-tag-train_loss.csv": ("healthy", ANY, ANY),
+    "openrlhf_ppo_tqdm_postfix_healthy.log": ("healthy", ANY, ANY),
+    "keras_progbar_nan_broken.log": ("broken", ("nonfinite",), 200),
+    "llamafactory_dicts_gradnan_flat_broken.log": ("broken", ("nonfinite", "not-learning"), ANY),
+    "megatron_core_all_skipped_broken.log": ("broken", ("fp16-overflow", "lr-zero"), ANY),
 }
 
 
@@ -98,3 +104,14 @@ def test_a_sentinel_looking_norm_beside_an_rl_loss_of_zero_is_not_a_hidden_nan()
     # transformers 5 prints a GRPO norm of 0.99996 as '1' beside the loss '0' (beta * KL at the start).
     d = analyze([ZOO / "trl_grpo_t5strings_loss0_start_healthy.log"])
     assert [f.signature for f in d.result.findings if f.signature == "nonfinite-hidden"] == []
+
+
+def test_nanogpt_eval_line_gives_the_val_loss_as_an_eval_not_a_training_loss():
+    records = list(parse_lines((ZOO / "nanogpt_iter_and_eval_lines_healthy.log").read_bytes().splitlines()))
+    assert [(r.step, r.signals["eval_loss"]) for r in records if r.kind == EVAL] == [(0, 4.25), (20, 3.25), (40, 2.25)]
+    assert all(r.signals["loss"] < 4.3 for r in records if r.kind == TRAIN)
+
+
+def test_a_tensorboard_csv_export_takes_its_signal_from_the_file_name():
+    d = analyze([ZOO / "run-tensorboard_export_healthy-tag-train_loss.csv"])
+    assert d.result.stats.num_train == 10
