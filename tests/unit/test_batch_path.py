@@ -89,6 +89,13 @@ def test_fixture_streams_match(path):
     assert_same(lambda: records(discover([str(path)])))
 
 
+def test_many_tools_read_as_one_run_match():
+    """Every hand-written excerpt read as one run: many sources, steps that go back, RL and plain records
+    side by side, events between. A harder stream than any one log (it found an RL record that a detector
+    skipped on one path and counted on the other)."""
+    assert_same(lambda: records(discover([str(FIXTURES / "excerpts")])))
+
+
 def test_speed_bench_log_matches(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     try:

@@ -201,13 +201,15 @@ class HiddenNonFinite(DetectorBase):
         state = self._state[record.rank]
         self._catch_up(state, record.rank, self.counts.seq(record.rank, "loss") - 1)
         state.seq = self.counts.seq(record.rank, "loss")
-        if record.signals.get("raw_loss") is not None or is_rl(record):
-            return []  # live records carry the raw loss (LOSS001 sees the NaN); an RL loss may be 0.0
+        if record.signals.get("raw_loss") is not None:
+            return []  # live records carry the raw loss (LOSS001 sees the NaN)
         if loss != 0.0:
             if is_nonfinite(loss):
                 return []
             state.last_finite, state.zero_since, state.zero_streak = loss, None, 0
             return []
+        if is_rl(record):
+            return []  # an RL trainer's loss (GRPO's beta x KL) is legitimately 0.0
         if state.last_finite is None or state.last_finite < _NORMAL_LOSS:
             return []  # zero from the first log, or after a smooth decay: other detectors judge
         if state.zero_since is None:
