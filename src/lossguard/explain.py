@@ -25,7 +25,9 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - warnings: tokenization mismatch, lr before scheduler stepped, None of the inputs have requires_grad,
     Could not find response key, Number of trainable parameters, InternVL image-token mismatch
   - TensorBoard event files (the tensorboard package's loader)
-  - LLaMA-Factory trainer_log.jsonl, ms-swift JSON lines, generic JSONL / CSV with a step column
+  - LLaMA-Factory trainer_log.jsonl, ms-swift JSON lines, generic JSONL / CSV with a step column, and
+    TensorBoard's CSV download of one scalar (Wall time,Step,Value; the signal from the tag in its file
+    name, run-<run>-tag-<tag>.csv)
   - Megatron `iteration N/ M | lm loss: ... | loss scale: ... | grad norm: ...` lines
   - mmengine `Epoch(train) [e][i/N] lr: ... loss: ... grad_norm: ...` lines
   - lossguard's own live events directory (events-rank*.jsonl)
@@ -35,11 +37,14 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     k: v, k=v, k v, | k | v |, JSON and Python dicts (also with full-width punctuation), tqdm postfixes,
     quoted values, tensor(2.3, device=...), nan / NaN / inf. The step comes from step / iter / global_step /
     num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]) or a `step N`
-    line above a block of metric lines; a bare printed loss tensor counts as one step. Torchtune,
-    Lightning, NeMo, fairseq, DeepSpeed-Chat, nanoGPT, MLX and MetricLogger logs are read this way
+    line above a block of metric lines (of two counters on one line, litgpt's `iter 9 step 2`, the
+    first); a bare printed loss tensor counts as one step. Torchtune, Lightning (tqdm and rich bars),
+    NeMo, litgpt, nanotron, fairseq, DeepSpeed-Chat, nanoGPT (`val loss` as evaluation), MLX, OpenRLHF,
+    Keras, wandb's run summary and MetricLogger logs are read this way
   - a table of steps and values pasted as text: a header row naming the columns (step, loss, Training
     Loss, Validation Loss, lr, ...), then rows of numbers; markdown (| a | b |), tab, comma or space
-    separated
+    separated, rows split as the header is (mlx-lm's `iter train_loss tok/s tokens` table: a trend arrow
+    is decoration, 1,234 and 4.4k fill the columns not read)
   - a log that holds only DeepSpeed loss-scaler overflow lines"""
 
 INCOMPLETE = """\

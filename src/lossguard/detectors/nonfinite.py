@@ -201,13 +201,15 @@ class HiddenNonFinite(DetectorBase):
         state = self._state[record.rank]
         self._catch_up(state, record.rank, self.counts.seq(record.rank, "loss") - 1)
         state.seq = self.counts.seq(record.rank, "loss")
-        if record.signals.get("raw_loss") is not None or is_rl(record):
-            return []  # live records carry the raw loss (LOSS001 sees the NaN); an RL loss may be 0.0
+        if record.signals.get("raw_loss") is not None:
+            return []  # live records carry the raw loss (LOSS001 sees the NaN)
         if loss != 0.0:
             if is_nonfinite(loss):
                 return []
             state.last_finite, state.zero_since, state.zero_streak = loss, None, 0
             return []
+        if is_rl(record):
+            return []  # an RL trainer's loss (GRPO's beta x KL) is legitimately 0.0
         if state.last_finite is None or state.last_finite < _NORMAL_LOSS:
             return []  # zero from the first log, or after a smooth decay: other detectors judge
         if state.zero_since is None:
@@ -297,7 +299,7 @@ class GradNormSentinel(DetectorBase):
         loss = record.signals.get("loss")
         if k is not None:
             self._follow_loss(state, loss)
-        if k is not None and self._pinned(state, loss):
+        if k is not None and self._pinned(state, loss, is_rl(record)):
             return self.emit(
                 f"grad_norm is {grad} (sqrt({k})) from step {state.since}: DeepSpeed reports sqrt(number of "
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
@@ -323,10 +325,12 @@ class GradNormSentinel(DetectorBase):
         elif loss is not None and state.first_loss is not None and loss != state.first_loss:
             state.loss_moved = True
 
-    def _pinned(self, state: _SentinelState, loss: float | None) -> bool:
+    def _pinned(self, state: _SentinelState, loss: float | None, rl: bool) -> bool:
         """Pinned at a sentinel while the loss is dead (0.0 / NaN), or log after log with a loss that does not
         move. A norm of exactly 1.0 beside a loss that keeps changing is one reported after clipping to
-        max_grad_norm=1.0: the weights are alive, so it is not the non-finite sentinel."""
-        if loss == 0.0 or is_nonfinite(loss):
+        max_grad_norm=1.0: the weights are alive, so it is not the non-finite sentinel. An RL loss of 0.0 is
+        not dead (GRPO's loss is beta * KL, 0 at the start), and transformers 5 prints a norm of 0.99996 as
+        '1': one such log beside it proves nothing."""
+        if (loss == 0.0 and not rl) or is_nonfinite(loss):
             return state.streak >= 1
         return state.streak >= self._STREAK and not state.loss_moved

@@ -38,7 +38,7 @@ _FULLWIDTH = ((b"\xe2\x80\x9c", b'"'), (b"\xe2\x80\x9d", b'"'), (b"\xef\xbc\x9a"
 # bare `loss` (Lightning's progress-bar `loss` is a display running mean), which beats other *loss names
 # (closs, act_loss, nll_loss: the first of those on the line wins).
 _SKIP, _SIGNAL, _LOSS, _EVAL_LOSS, _STEP, _EPOCH = range(6)
-_STEP_NAMES = {"step", "steps", "iter", "iteration", "global_step", "global step", "num_updates", "current_steps",
+STEP_NAMES = {"step", "steps", "iter", "iteration", "global_step", "global step", "num_updates", "current_steps",
                "train/global_step", "trainer/global_step", "global_steps"}
 _EPOCH = re.compile(r"(?:train(?:ing)?[ _/])?epoch")
 _ROLES: dict[bytes, tuple[int, str | None, int]] = {}
@@ -60,7 +60,7 @@ def column_name(raw: str) -> str | None:
 
 
 def _classify(key: str) -> tuple[int, str | None, int]:
-    if key in _STEP_NAMES:
+    if key in STEP_NAMES:
         return _STEP, None, 0
     if _EPOCH.fullmatch(key):
         return _EPOCH, "epoch", 0
@@ -131,9 +131,11 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
         if role == _SKIP:
             continue
         first_pair = match.start() if first_pair is None else first_pair
-        if raw_key in current.names or role == _STEP and current.step is not None:
+        if raw_key in current.names or role == _STEP and current.step is not None and _has_metric(current):
             out.append(current)  # the same name again: the next dict or progress-bar redraw
             current = Segment()
+        elif role == _STEP and current.step is not None:
+            continue  # litgpt's `iter 9 step 2 | loss`: two counters of one moment, the first (finer) stands
         current.names.add(raw_key)
         _add(current, role, name, rank, float(raw_value), of_total)
     out.append(current)
@@ -144,6 +146,11 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
     if pipe and out[0].step is None:
         out[0].step = int(pipe.group(1))
     return [s for s in out if s.signals or s.step is not None]
+
+
+def _has_metric(segment: Segment) -> bool:
+    """The segment holds a signal other than the epoch (`Epoch 1 | iter 5 step 1` has none yet)."""
+    return len(segment.signals) > ("epoch" in segment.signals)
 
 
 def _add(segment: Segment, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:

@@ -101,4 +101,7 @@ HOST_PREFIX = re.compile(rb"^\s*(?:\[[^\]]*\]\s*)?[\w.-]+:\s*(?=\{)")
 # A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
 # nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.
 PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)(?:\s*[:,|])?\s+(?=[A-Za-z_])")
-PLAIN_FIELD = re.compile(rb"(?<![\w/])\d*([A-Za-z_][\w/]*)\s*(?:[:=]\s*)?(-?\d[\d.]*(?:[eE][+-]?\d+)?|nan|-?inf)(?![\w.])")
+# A split word before the name says which data the value is of: nanoGPT's `step 3000: train loss 2.81, val loss
+# 2.93`, litgpt's `iter 8: val loss 1.64`.
+PLAIN_FIELD = re.compile(rb"(?<![\w/])\d*(?:(train|val|valid|validation|eval|test)\s+)?([A-Za-z_][\w/]*)\s*(?:[:=]\s*)?"
+                         rb"(-?\d[\d.]*(?:[eE][+-]?\d+)?|nan|-?inf)(?![\w.])")

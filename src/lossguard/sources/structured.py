@@ -7,6 +7,7 @@ signal catalog so every format ends in the same records.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -160,8 +161,24 @@ def _json_row(line: bytes) -> dict | None:
     return row if isinstance(row, dict) else None
 
 
+# TensorBoard's "download CSV" of one scalar: `Wall time,Step,Value`, the tag in the file name
+# (`run-<run>-tag-<tag>.csv`, its `/` written `_`): the Value column is that tag.
+_TB_EXPORT = re.compile(r"-tag-(.+)\.csv$")
+
+
+def _tag_signal(path: Path) -> str | None:
+    """The signal a TensorBoard CSV export's Value column holds, from its file name (`train_loss`,
+    `train_grad_norm` for the tag train/grad_norm)."""
+    match = _TB_EXPORT.search(path.name)
+    if match is None:
+        return None
+    tag = match.group(1)
+    return canonical(tag) or canonical(tag.replace("_", "/", 1))
+
+
 class CsvSource:
-    """A CSV with a header row that names a step column and at least one known signal."""
+    """A CSV with a header row that names a step column and at least one known signal (or a TensorBoard
+    export whose file name names the signal of its Value column)."""
 
     name = "csv"
 
@@ -170,10 +187,14 @@ class CsvSource:
             return False
         header = head.split(b"\n", 1)[0].decode("utf-8", "replace").lower()
         cols = [c.strip() for c in header.replace("\t", ",").split(",")]
-        return any(c in STEP_KEYS for c in cols) and any(canonical(c) for c in cols)
+        named = any(canonical(c) for c in cols) or "value" in cols and _tag_signal(path) is not None
+        return any(c in STEP_KEYS for c in cols) and named
 
     def parse(self, path: Path) -> Iterator[Record]:
         delimiter = "\t" if path.suffix == ".tsv" else ","
+        signal = _tag_signal(path)
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
             reader = csv.DictReader(handle, delimiter=delimiter)
+            if signal is not None and reader.fieldnames and "Value" in reader.fieldnames:
+                reader.fieldnames = [signal if f == "Value" else f for f in reader.fieldnames]
             yield from rows_to_records(((i + 2, row) for i, row in enumerate(reader)), path.name)

@@ -8,8 +8,9 @@ The names are in the header only, so no value row holds a loss-like word: the te
 lines that name a metric) would see nothing. This source takes a file whose first line naming a loss is
 such a header followed by a row of numbers; each value row becomes a `{name: value}` row, read as a JSONL
 or CSV row is (`RowReader`), its columns named as the generic reader names them (`Training Loss` is the
-loss, `Validation Loss` the eval loss). Cells are split on `|` when the header has one, else on tabs or
-commas, else on whitespace.
+loss, `Validation Loss` the eval loss). Cells are split as the header's are: on `|` when it has one, else on
+tabs, else on commas, else on whitespace (where a cell of no letter or digit, mlx-lm's trend arrow, is
+decoration, and `1,234` one number). Columns not read may hold measurements (`4.4k`, `3.12s`).
 """
 
 from __future__ import annotations
@@ -31,36 +32,55 @@ def _is_rule(line: str) -> bool:
     return "-" in line and set(line) <= _RULE_CHARS
 
 
-def _cells(line: str, piped: bool) -> list[str]:
-    if piped:
+def _separator(header: str) -> str | None:
+    """How the header's cells are split, and so every row's: `|`, a tab, a comma, or whitespace (None)."""
+    return next((sep for sep in ("|", "\t", ",") if sep in header), None)
+
+
+def _cells(line: str, sep: str | None) -> list[str]:
+    if sep == "|":
         inner = line.strip()
         inner = inner[1:] if inner.startswith("|") else inner
         inner = inner[:-1] if inner.endswith("|") else inner
         return [cell.strip() for cell in inner.split("|")]
-    if "\t" in line or "," in line:
-        return [cell.strip() for cell in line.strip().replace("\t", ",").split(",")]
-    return line.split()
+    if sep is not None:
+        return [cell.strip() for cell in line.strip().split(sep)]
+    # Whitespace-aligned columns: a cell of no letter or digit is decoration (mlx-lm's `1.542 ▼` trend arrow).
+    return [cell for cell in line.split() if any(ch.isalnum() for ch in cell)]
 
 
 def _header(line: str) -> list[str] | None:
     """The column names, when `line` is a header naming a loss (no cell a number)."""
-    piped = "|" in line
-    cells = _cells(line, piped)
+    cells = _cells(line, _separator(line))
     if not 2 <= len(cells) <= _MAX_CELLS or any(to_float(c) is not None or not c for c in cells):
         return None
     names = [column_name(c) for c in cells]
     return names if "loss" in names or "eval_loss" in names else None
 
 
-def _values(line: str, piped: bool, width: int) -> list[float | None] | None:
-    """A row of `width` numbers (an empty or "-" cell is a missing value; any other word: not a row)."""
-    cells = _cells(line, piped)
-    if len(cells) != width:
+def _number(cell: str, sep: str | None) -> float | None:
+    """A cell's number; in whitespace-aligned columns `1,234` is one thousand two hundred and thirty-four."""
+    value = to_float(cell)
+    if value is None and sep is None and "," in cell:
+        value = to_float(cell.replace(",", ""))
+    return value
+
+
+def _values(line: str, sep: str | None, names: list[str | None]) -> list[float | None] | None:
+    """A row of one cell per column: the columns read (step, loss, ...) hold numbers (an empty or "-" cell is
+    a missing value), the others numbers or measurements (`4.4k`, `3.12s`); any other word: not a row."""
+    cells = _cells(line, sep)
+    if len(cells) != len(names):
         return None
-    values = [to_float(c) for c in cells]
-    if any(v is None and c not in ("", "-") for v, c in zip(values, cells)):
-        return None
-    return values if any(v is not None for v in values) else None
+    values = [_number(c, sep) for c in cells]
+    for name, value, cell in zip(names, values, cells):
+        if value is None and cell not in ("", "-") and (name is not None or not _is_measure(cell)):
+            return None
+    return values if any(v is not None for v, n in zip(values, names) if n is not None) else None
+
+
+def _is_measure(cell: str) -> bool:
+    return cell[:1].isdigit() or cell[:1] in "+-." and cell[1:2].isdigit()
 
 
 class TableSource:
@@ -75,22 +95,22 @@ class TableSource:
             if header is None:
                 return False  # the first line naming a loss is no table header: a text log
             following = [ln for ln in lines[index + 1:index + 3] if not _is_rule(ln)]
-            return bool(following) and _values(following[0], "|" in line, len(header)) is not None
+            return bool(following) and _values(following[0], _separator(line), header) is not None
         return False
 
     def parse(self, path: Path) -> Iterator[Record]:
         reader = RowReader(path.name)
-        header: list[str] | None = None
-        piped = False
+        header: list[str | None] | None = None
+        sep: str | None = None
         with open(path, encoding="utf-8", errors="replace") as handle:
             for line_no, line in enumerate(handle, 1):
                 line = line[:65536]
                 if not line.strip() or _is_rule(line):
                     continue
                 if "loss" in line.lower() and (names := _header(line)) is not None:
-                    header, piped = names, "|" in line
+                    header, sep = names, _separator(line)
                     continue
-                values = _values(line, piped, len(header)) if header is not None else None
+                values = _values(line, sep, header) if header is not None else None
                 if values is None:
                     continue
                 row = {name: value for name, value in zip(header, values) if name and value is not None}

@@ -19,7 +19,7 @@ from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.ds_facts import facts_from_line
-from lossguard.sources.generic import read_line
+from lossguard.sources.generic import STEP_NAMES, read_line
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines
 
 _DEDUPE_WINDOW = 256
@@ -258,17 +258,24 @@ class TextLogParser:
         if not match:
             return []
         signals: dict[str, float] = {}
-        for raw_key, raw_value in P.PLAIN_FIELD.findall(line, match.end()):
+        evaluated: dict[str, float] = {}  # `val loss 2.93`: the eval loss, a record of its own
+        for prefix, raw_key, raw_value in P.PLAIN_FIELD.findall(line, match.end()):
             name = canonical(raw_key.decode())
             value = to_float(raw_value.decode())
             if name is not None and value is not None:
-                signals[name] = value
-        if not signals:
+                held = evaluated if name == "loss" and prefix not in (b"", b"train") else signals
+                held["eval_loss" if held is evaluated else name] = value
+        if not signals and not evaluated:
             return []
         rank = _int(match.group(1).decode()) if match.group(1) else None
         step = int(match.group(2))
-        self.last_step = step if self.last_step is None else max(self.last_step, step)
-        return [Record(step=step, rank=rank, signals=signals, source=self.source, line_no=line_no)]
+        out = []
+        if signals:
+            self.last_step = step if self.last_step is None else max(self.last_step, step)
+            out.append(Record(step=step, rank=rank, signals=signals, source=self.source, line_no=line_no))
+        if evaluated:
+            out.append(Record(step=step, rank=rank, signals=evaluated, kind=EVAL, source=self.source, line_no=line_no))
+        return out
 
     # -- any other line with a loss-like name next to a number (sources/generic.py) -------------------
     def _generic(self, line: bytes, line_no: int | None) -> list[Record]:
@@ -341,9 +348,9 @@ def _key_info(raw_key: bytes) -> tuple[str | None, int]:
     name = canonical(key)
     if key == "train_runtime":
         return name, _SUMMARY
-    if key.startswith("eval_"):
+    if key.startswith("eval_") or name == "eval_loss":  # fairseq's `valid_loss`, `val_loss`
         return name, _EVAL
-    if key.lower() in ("step", "global_step"):
+    if key.lower() in STEP_NAMES:  # fairseq's JSON lines count `num_updates`, LLaMA-Factory `current_steps`
         return name, _STEP
     if key == "global_step/max_steps":
         return name, _STEP_OF_MAX

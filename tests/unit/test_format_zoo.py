@@ -1,0 +1,117 @@
+"""`lossguard analyze` on excerpts of every log shape people fine-tune LLMs / VLMs with (tests/fixtures/excerpts/
+formats/, one file per tool, shape and condition; its README names the source each line shape follows).
+
+Each case is a mechanism of a reader or a detector, never a number of one file: the verdict and the primary
+signature a careful expert accepts (several where the log cannot tell them apart, as in the real-log labels),
+and the onset step where the log shows it.
+"""
+
+import pytest
+
+from lossguard.api import analyze
+from lossguard.core.records import EVAL, TRAIN
+from lossguard.sources.text_log import parse_lines
+from tests.conftest import FIXTURES
+
+ZOO = FIXTURES / "excerpts" / "formats"
+ANY = None
+DEAD_ZERO = ("nonfinite-hidden", "zero-loss", "masked-labels")
+
+CASES = {
+    # file: (verdict, accepted signatures or ANY, onset step or ANY)
+    "accelerate_logger_step_colon_healthy.log": ("healthy", ANY, ANY),
+    "ansi_colour_dicts_nan_broken.log": ("broken", ("nonfinite",), 5),
+    "colossalai_tqdm_epoch_healthy.log": ("healthy", ANY, ANY),
+    "crlf_hf_dicts_healthy.log": ("healthy", ANY, ANY),
+    "csv_step_loss_lr_healthy.csv": ("healthy", ANY, ANY),
+    "custom_print_epoch_step_loss_healthy.log": ("healthy", ANY, ANY),
+    "custom_timestamp_lr0_broken.log": ("broken", ("lr-zero", "not-learning"), 20),
+    "deepspeed_chat_step1_healthy.log": ("healthy", ANY, ANY),
+    "deepspeed_nodeprefix_dicts_healthy.log": ("healthy", ANY, ANY),
+    "deepspeed_pdsh_hostprefix_scale_min_broken.log": ("broken", ("fp16-overflow",), ANY),
+    "deepspeed_step_lines_all_skipped_broken.log": ("broken", ("fp16-overflow", "lr-zero"), 10),
+    "fairseq_json_healthy.log": ("healthy", ANY, ANY),
+    "fairseq_simple_minscale_broken.log": ("broken", ("fp16-overflow",), ANY),
+    "hf440_dicts_loss0_gradnan_broken.log": ("broken", ("nonfinite-hidden",), 2),
+    "hf440_dicts_tensor_gradnorm_healthy.log": ("healthy", ANY, ANY),
+    "hf440_tqdm_dicts_healthy.log": ("healthy", ANY, ANY),
+    "hf5_rankprefix_string_dicts_healthy.log": ("healthy", ANY, ANY),
+    "hf_notebook_table_tabs_healthy.log": ("healthy", ANY, ANY),
+    "jsonl_metrics_nan_broken.jsonl": ("broken", ("nonfinite",), 70),
+    "lightning_rich_nan_broken.log": ("broken", ("nonfinite",), 100),
+    "lightning_tqdm_postfix_healthy.log": ("healthy", ANY, ANY),
+    "litgpt_lora_healthy.log": ("healthy", ANY, ANY),
+    "litgpt_lora_nan_broken.log": ("broken", ("nonfinite",), 5),
+    "mlxlm_cliui_table_healthy.log": ("healthy", ANY, ANY),
+    "mlxlm_cliui_table_nan_broken.log": ("broken", ("nonfinite",), 40),
+    "mlxlm_iter_lines_healthy.log": ("healthy", ANY, ANY),
+    "msswift_dicts_loss0_gradnan_broken.log": ("broken", ("nonfinite-hidden",), 10),
+    "nanotron_iteration_healthy.log": ("healthy", ANY, ANY),
+    "torchrun_rankprefix_interleaved_healthy.log": ("healthy", ANY, ANY),
+    "torchtune_disklogger_healthy.log": ("healthy", ANY, ANY),
+    "torchtune_disklogger_nan_broken.log": ("broken", ("nonfinite",), 4),
+    "torchtune_pbar_cr_nan_broken.log": ("broken", ("nonfinite",), 5),
+    "tqdm_postfix_loss_lr_healthy.log": ("healthy", ANY, ANY),
+    "trl_dpo_dicts_healthy.log": ("healthy", ANY, ANY),
+    "trl_grpo_t5strings_loss0_start_healthy.log": ("healthy", ANY, ANY),
+    "trl_grpo_dicts_zero_advantage_broken.log": ("broken", ("no-grad-flow", "not-learning", "zero-loss"), 1),
+    "unsloth_notebook_table_loss0_broken.log": ("broken", DEAD_ZERO, 3),
+    "wandb_run_summary_healthy.log": ("healthy", ANY, ANY),
+    "wandb_run_summary_loss0_gradnan_broken.log": ("broken", ("nonfinite", "nonfinite-hidden"), ANY),
+    "xtuner_mmengine_lr0_gradnorm0_broken.log": ("broken", ("no-grad-flow", "lr-zero"), 10),
+    "nanogpt_iter_and_eval_lines_healthy.log": ("healthy", ANY, ANY),
+    "run-tensorboard_export_healthy-tag-train_loss.csv": ("healthy", ANY, ANY),
+    "openrlhf_ppo_tqdm_postfix_healthy.log": ("healthy", ANY, ANY),
+    "keras_progbar_nan_broken.log": ("broken", ("nonfinite",), 200),
+    "llamafactory_dicts_gradnan_flat_broken.log": ("broken", ("nonfinite", "not-learning"), ANY),
+    "megatron_core_all_skipped_broken.log": ("broken", ("fp16-overflow", "lr-zero"), ANY),
+}
+
+
+def test_every_excerpt_has_a_case_and_a_readme_line():
+    files = {p.name for p in ZOO.iterdir() if p.name != "README.md"}
+    assert files == set(CASES)
+    readme = (ZOO / "README.md").read_text()
+    assert [name for name in sorted(files) if f"`{name}`" not in readme] == []
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_format_zoo_verdict_signature_onset(name):
+    verdict, signatures, onset = CASES[name]
+    d = analyze([ZOO / name])
+    assert d.verdict == verdict, (d.verdict, d.signature, d.onset_step)
+    if verdict == "healthy":
+        return
+    assert signatures is ANY or d.signature in signatures, d.signature
+    assert onset is ANY or d.onset_step == onset, d.onset_step
+
+
+def test_litgpt_reads_every_iteration_and_the_validation_loss_as_an_eval():
+    # `iter 9 step 2 | loss train: 1.54`: the iteration is the step (no two lines merged into one), and
+    # `iter 8: val loss 1.64` is the eval loss, not a training loss.
+    d = analyze([ZOO / "litgpt_lora_healthy.log"])
+    assert (d.result.stats.num_train, d.result.stats.num_eval) == (12, 1)
+
+
+def test_fairseq_json_lines_take_num_updates_as_the_step_and_valid_loss_as_an_eval():
+    records = list(parse_lines((ZOO / "fairseq_json_healthy.log").read_bytes().splitlines()))
+    assert [r.step for r in records if r.kind == TRAIN] == list(range(200, 1401, 200))
+    assert [(r.step, r.signals["eval_loss"]) for r in records if r.kind == EVAL] == [(1400, 6.512)]
+    assert not any(r.step_is_ordinal for r in records)
+
+
+def test_a_sentinel_looking_norm_beside_an_rl_loss_of_zero_is_not_a_hidden_nan():
+    # transformers 5 prints a GRPO norm of 0.99996 as '1' beside the loss '0' (beta * KL at the start).
+    d = analyze([ZOO / "trl_grpo_t5strings_loss0_start_healthy.log"])
+    assert [f.signature for f in d.result.findings if f.signature == "nonfinite-hidden"] == []
+
+
+def test_nanogpt_eval_line_gives_the_val_loss_as_an_eval_not_a_training_loss():
+    records = list(parse_lines((ZOO / "nanogpt_iter_and_eval_lines_healthy.log").read_bytes().splitlines()))
+    assert [(r.step, r.signals["eval_loss"]) for r in records if r.kind == EVAL] == [(0, 4.25), (20, 3.25), (40, 2.25)]
+    assert all(r.signals["loss"] < 4.3 for r in records if r.kind == TRAIN)
+
+
+def test_a_tensorboard_csv_export_takes_its_signal_from_the_file_name():
+    d = analyze([ZOO / "run-tensorboard_export_healthy-tag-train_loss.csv"])
+    assert d.result.stats.num_train == 10
