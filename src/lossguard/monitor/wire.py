@@ -139,6 +139,15 @@ class Layout:
         return signals, data
 
 
+def slot_bits(layout: Layout) -> tuple[int, ...]:
+    """The PRESENT bit that says whether each slot of a row holds a measurement (0: never one; the ERROR
+    and PRESENT slots are bookkeeping). The summary (monitor/summary.py) counts ranks per slot by it."""
+    base = {RAW_LOSS: HAS_LOSS, LABELS: HAS_LABELS, MIN_LABELS: HAS_LABELS, GRAD_NORM: HAS_GRAD_NORM,
+            LOSS_SCALE: HAS_SCALE, SKIPPED: HAS_SKIPPED, FINGERPRINT: HAS_PRINT}
+    return (*(base.get(slot, 0) for slot in range(NUM_BASE)), *(HAS_LR,) * layout.num_lr,
+            *(HAS_UPDATE,) * len(layout.groups))
+
+
 def failed(row: list[float]) -> bool:
     """The sending rank's lossguard failed (its row carries no signals)."""
     return bool(row[ERROR])
