@@ -70,6 +70,9 @@ class Monitor:
         self._detail_until = 0  # steps up to this one gather (after a step whose summary showed something)
         self._skip_range: tuple[float, float] | None = None  # the last step's (fewest, most) skipped steps
         self.steps_by_path = {"detail": 0, "summary": 0}
+        # `gather_rows` and `reduce_summary` of every step: `dist`; a simulated world of many ranks in
+        # bench/scale.py and the unit tests (what those collectives would return there).
+        self.collectives: Any = dist
         self.facts = {"world_size": self.world_size, **(facts or {})}
         if options.events_dir is not None:
             self.jsonl = JsonlSink(options.events_dir, self.rank, {"world_size": self.world_size, "entry": entry})
@@ -240,21 +243,24 @@ class Monitor:
     def _exchange(self, step: int, first: bool, vector: torch.Tensor):
         """(every rank's row, or None on a step read from the summary alone; the step's summary, None
         below the threshold; this rank's own row on a summary-only step). Every rank takes the same
-        collectives: the schedule, and the summary that decides on a gather, are the same everywhere."""
+        collectives: the schedule, and the summary that decides on a gather, are the same everywhere.
+        SYNC POINTS: one host copy per step (the gather's or the reduction's), two on a step whose
+        summary shows something (the reduction's, then the gather's)."""
+        world = self.collectives
         if not self.summarised:
             self.steps_by_path["detail"] += 1
-            return dist.gather_rows(vector), None, None  # SYNC POINT: the one collective + host copy per step
-        if first or self._scheduled(step) or step <= self._detail_until:
-            rows = dist.gather_rows(vector)  # SYNC POINT: known in advance, so no reduction this step
+            return world.gather_rows(vector), None, None
+        if first or self._scheduled(step) or step <= self._detail_until:  # known in advance: no reduction
+            rows = world.gather_rows(vector)
             seen = summary.of_rows(self.layout, rows)
             self.note_summary(step, seen)
             self.steps_by_path["detail"] += 1
             return rows, seen, None
-        reduced, own = dist.reduce_summary(*summary.contributions(self.layout, vector), vector)  # SYNC POINT
+        reduced, own = world.reduce_summary(*summary.contributions(self.layout, vector), vector)
         seen = summary.Summary.read(self.layout, reduced)
         if self.note_summary(step, seen):
             self.steps_by_path["detail"] += 1
-            return dist.gather_rows(vector), seen, None  # SYNC POINT: only when the summary shows something
+            return world.gather_rows(vector), seen, None
         self.steps_by_path["summary"] += 1
         return None, seen, own
 

@@ -78,10 +78,15 @@ def contributions(layout: wire.Layout, rows: torch.Tensor) -> tuple[torch.Tensor
     return sums, maxes
 
 
-def of_rows(layout: wire.Layout, rows: list[list[float]]) -> Summary:
-    """The summary of gathered rows, on the host (the steps that gathered instead of reducing)."""
+def reduce_on_host(layout: wire.Layout, rows: list[list[float]]) -> list[float]:
+    """What `dist.reduce_summary` returns for these rows (one a rank), reduced on the host: host tensors,
+    no device sync. For the steps that gathered instead of reducing, and for a simulated world."""
     sums, maxes = contributions(layout, torch.tensor(rows, dtype=torch.float64))
-    return Summary.read(layout, [*sums.tolist(), *maxes.tolist()])  # host tensors: no device sync
+    return [*sums.tolist(), *maxes.tolist()]
+
+
+def of_rows(layout: wire.Layout, rows: list[list[float]]) -> Summary:
+    return Summary.read(layout, reduce_on_host(layout, rows))
 
 
 @dataclass(frozen=True, slots=True)
