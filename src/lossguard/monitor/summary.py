@@ -67,14 +67,13 @@ def contributions(layout: wire.Layout, rows: torch.Tensor) -> tuple[torch.Tensor
     rows = rows.reshape(-1, layout.length)
     bits = torch.nan_to_num(rows[:, wire.PRESENT], nan=0.0).to(torch.int64)  # a failed row: nothing present
     present = (bits.unsqueeze(1) & _bits(layout, rows.device)) != 0
-    finite = torch.isfinite(rows)
-    measured = present & finite
-    counts = torch.stack([present.sum(0), (present & ~finite).sum(0), (present & (rows == 0)).sum(0)])
-    errors = (rows[:, wire.ERROR] == 1.0).sum().reshape(1)
-    sums = torch.cat([torch.where(measured, rows, 0.0).sum(0), counts.reshape(-1).to(torch.float64),
-                      errors.to(torch.float64)])
+    measured = present & torch.isfinite(rows)
+    flags = torch.stack([present, present & ~measured, present & (rows == 0)]).to(rows.dtype)
+    counted = torch.cat([torch.where(measured, rows, 0.0).unsqueeze(0), flags])
+    errors = (rows[:, wire.ERROR] == 1.0).to(rows.dtype).sum(0, keepdim=True)
+    sums = torch.cat([counted.sum(1).reshape(-1), errors])
     # Non-finite and absent values become -inf first: a NaN through MAX would reach every rank.
-    maxes = torch.cat([torch.where(measured, rows, -math.inf).amax(0), torch.where(measured, -rows, -math.inf).amax(0)])
+    maxes = torch.where(measured, torch.stack([rows, -rows]), -math.inf).amax(1).reshape(-1)
     return sums, maxes
 
 

@@ -1,8 +1,9 @@
 """The per-rank vector every rank sends at each optimizer step, and how a gathered row reads back.
 
-One fixed-length float64 vector a rank, so the step's one collective (`dist.gather_rows`) has the same shape
-on every rank: nine base slots, then `num_lr` learning rates, then one update ratio per module group. The
-PRESENT slot says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
+One fixed-length float64 vector a rank, so the step's collectives (`dist.gather_rows`, and above the
+world-size threshold the summary's all_reduce, monitor/summary.py) have the same shape on every rank:
+nine base slots, then `num_lr` learning rates, then one update ratio per module group. The PRESENT slot
+says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
 The ERROR slot set means "this rank's lossguard failed": the row carries nothing else (every slot NaN).
 
 `encode` builds the vector on the communication device without a host sync (values may be 0-d tensors;
