@@ -72,3 +72,18 @@ def test_weights_drifting_on_one_rank_are_caught_by_the_fingerprint(runs):
     assert found and found[0]["step"] == FAULT_STEP + 1 and found[0]["rank"] == 1, summary["findings"]
     assert [r["halted_at"] for r in ranks["z0-desync-sum"]] == [FAULT_STEP + 1] * 2
     assert ranks["z0-desync-sum"][0]["steps_by_path"] == {"detail": 2, "summary": 3}
+
+
+def test_two_nodes_on_the_summary_path_catch_the_fault_on_the_other_node(tmp_path):
+    """Multi-node launch (two torchrun agents, one rank each) under the HF Trainer, summary path forced: the
+    zero label count of node 1's rank reaches node 0 through the all_reduce, both gather, both halt."""
+    from tests.integration.live_helpers import run_job_two_nodes
+
+    summaries, _ = run_job_two_nodes("hf_job.py", tmp_path, ["masked-one-rank-sum", "healthy-z1-sum"])
+    fault = summaries["masked-one-rank-sum"]
+    found = _findings(fault, "masked-labels")
+    assert found and found[0]["step"] == FAULT_STEP and found[0]["rank"] == 1, fault["findings"]
+    assert fault["halted_at"] in (FAULT_STEP, FAULT_STEP + 1) and fault["steps_by_path"]["summary"] >= 2
+    healthy = summaries["healthy-z1-sum"]
+    assert above_info(healthy) == [] and healthy["global_step"] == 8
+    assert healthy["steps_by_path"] == {"detail": 2, "summary": 6}
