@@ -4,7 +4,7 @@ Full detail (every step up to `detail_every_step_up_to` ranks, and the steps abo
 each rank): every rank gathers every rank's vector (`dist.gather_rows`) and runs the detectors over all the
 rows (`Monitor.analyse_rows`). Summary (the healthy steps above the threshold): every rank adds its
 contribution to one all_reduce (`summary.contributions`, `dist.reduce_summary`), reads the summary, decides
-whether to look closer (`Monitor.note_summary`) and feeds one run-level record (`Monitor.analyse_summary`).
+whether to look closer (`Exchange.note`, monitor/exchange.py) and feeds one run-level record (`Monitor.analyse_summary`).
 
 This bench builds real `Monitor`s in one process and hands them what the collectives would return at
 simulated world sizes (healthy rows: a falling loss with per-rank noise, label counts, a grad norm, the LR):
@@ -63,8 +63,8 @@ def summary_step(monitor, step: int, reduced: list[float], own) -> list:
 
     summary.contributions(monitor.layout, own)  # this rank's part of the all_reduce (its result is `reduced`)
     seen = summary.Summary.read(monitor.layout, reduced)
-    if monitor.note_summary(step, seen):
-        sys.exit(f"a healthy step asked for detail: {monitor.note_summary(step, seen)}")
+    if monitor.exchange.note(step, seen):
+        sys.exit(f"a healthy step asked for detail: {monitor.exchange.note(step, seen)}")
     return monitor.analyse_summary(step, seen)
 
 

@@ -158,7 +158,7 @@ def _simulated_run(size: int, steps: int, fault=None, **options):
             fault(step, rank, values)
         return monitor.layout.encode(values, CPU).tolist()
 
-    world = monitor.collectives = World(monitor.layout, size, make_row)
+    world = monitor.exchange.collectives = World(monitor.layout, size, make_row)
     model(torch.arange(8)).sum().backward()  # the first step's check for parameters without a gradient
     halted = None
     for step in range(1, steps + 1):

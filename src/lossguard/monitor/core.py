@@ -24,6 +24,7 @@ from lossguard.core.findings import Finding
 from lossguard.core.records import TRAIN, Record, event
 from lossguard.detectors import make_detectors
 from lossguard.monitor import dist, summary, tensors, wire
+from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.sinks import (
     JsonlSink,
@@ -66,13 +67,7 @@ class Monitor:
         self._emitted: list[Finding] = []
         self._last_skipped: dict[int, float] = {}
         # Above the threshold a step is reduced, and gathered only when there is something to look at.
-        self.summarised = self.world_size > options.detail_every_step_up_to
-        self._detail_until = 0  # steps up to this one gather (after a step whose summary showed something)
-        self._skip_range: tuple[float, float] | None = None  # the last step's (fewest, most) skipped steps
-        self.steps_by_path = {"detail": 0, "summary": 0}
-        # `gather_rows` and `reduce_summary` of every step: `dist`; a simulated world of many ranks in
-        # bench/scale.py and the unit tests (what those collectives would return there).
-        self.collectives: Any = dist
+        self.exchange = Exchange(self.layout, self.world_size, options.detail_every_step_up_to, self._scheduled)
         self.facts = {"world_size": self.world_size, **(facts or {})}
         if options.events_dir is not None:
             self.jsonl = JsonlSink(options.events_dir, self.rank, {"world_size": self.world_size, "entry": entry})
@@ -121,7 +116,7 @@ class Monitor:
             gathered_events = dist.gather_objects(events)
         vector = self._local_vector(step, micro, grad_norm, lrs, loss_scale, skipped_steps)
         try:
-            rows, seen, own = self._exchange(step, first, vector)
+            rows, seen, own = self.exchange.step(step, first, vector)
         except Exception as exc:  # the process group itself failed: nothing left to agree with
             self._fail(exc, "gather", raise_ok=False)
             self._disable(step, [self.rank])
@@ -183,6 +178,11 @@ class Monitor:
             self.webhook.close()
         return new
 
+    @property
+    def steps_by_path(self) -> dict[str, int]:
+        """Steps that gathered every rank's row ("detail") and steps read from the summary alone."""
+        return self.exchange.steps_by_path
+
     # -- internals -------------------------------------------------------------------------------
     def _scheduled(self, step: int) -> bool:
         every = self.options.fingerprint_every
@@ -240,43 +240,10 @@ class Monitor:
             values.update_ratios = self.updates.ratios()
         return values
 
-    def _exchange(self, step: int, first: bool, vector: torch.Tensor):
-        """(every rank's row, or None on a step read from the summary alone; the step's summary, None
-        below the threshold; this rank's own row on a summary-only step). Every rank takes the same
-        collectives: the schedule, and the summary that decides on a gather, are the same everywhere.
-        SYNC POINTS: one host copy per step (the gather's or the reduction's), two on a step whose
-        summary shows something (the reduction's, then the gather's)."""
-        world = self.collectives
-        if not self.summarised:
-            self.steps_by_path["detail"] += 1
-            return world.gather_rows(vector), None, None
-        if first or self._scheduled(step) or step <= self._detail_until:  # known in advance: no reduction
-            rows = world.gather_rows(vector)
-            seen = summary.of_rows(self.layout, rows)
-            self.note_summary(step, seen)
-            self.steps_by_path["detail"] += 1
-            return rows, seen, None
-        reduced, own = world.reduce_summary(*summary.contributions(self.layout, vector), vector)
-        seen = summary.Summary.read(self.layout, reduced)
-        if self.note_summary(step, seen):
-            self.steps_by_path["detail"] += 1
-            return world.gather_rows(vector), seen, None
-        self.steps_by_path["summary"] += 1
-        return None, seen, own
-
-    def note_summary(self, step: int, seen: summary.Summary) -> list[str]:
-        """Why this step needs every rank's row (empty: it does not); the steps just after one that does are
-        looked at in detail too (`summary.DETAIL_AFTER`)."""
-        reasons = summary.reasons(seen, self._skip_range)
-        self._skip_range = seen.skip_range()
-        if reasons:
-            self._detail_until = max(self._detail_until, step + summary.DETAIL_AFTER)
-        return reasons
-
     def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:
         """A step read from the summary alone: the run-level record through the engine. This rank's own row
         still goes to its events file, so the file holds every step of the rank as below the threshold.
-        The new findings. (`bench/scale.py` times `Summary.read` + `note_summary` + this.)"""
+        The new findings. (`bench/scale.py` times `Summary.read` + `Exchange.note` + this.)"""
         if own is not None and self.jsonl is not None:
             self.jsonl.write(record_line(self._row_record(step, self.rank, own)))
         return self._emit_records([summary.run_record(seen, step)])
