@@ -245,7 +245,10 @@ class Monitor:
         still goes to its events file, so the file holds every step of the rank as below the threshold.
         The new findings. (`bench/scale.py` times `Summary.read` + `Exchange.note` + this.)"""
         if own is not None and self.jsonl is not None:
-            self.jsonl.write(record_line(self._row_record(step, self.rank, own)))
+            # Decoded without `_row_record`'s skip bookkeeping: that state feeds every rank's engine alike
+            # and must move only with gathered rows (a summary-only step never moves the skip count anyway).
+            signals, data = self.layout.decode(own)
+            self.jsonl.write(record_line(Record(step=step, rank=self.rank, signals=signals, data=data, source="live")))
         return self._emit_records([summary.run_record(seen, step)])
 
     def analyse_rows(self, step: int, rows: list[list[float]], leading: list[Record] = (),
