@@ -1,10 +1,14 @@
 """`Monitor`: the machinery shared by the three entry points.
 
-Per optimizer step each rank builds one fixed-length float64 vector of its own signals (`wire`), all ranks
-gather it (the one collective per step, `dist.gather_rows`), and every rank feeds ALL ranks' records,
-in rank order, into its own `Engine`. The findings, and so the halt decision, are therefore the same
-on every rank at the same step. Local failures travel in the vector too (the `error` slot), so the
-ranks also agree on when to stop analysing: the collective path never diverges.
+Per optimizer step each rank builds one fixed-length float64 vector of its own signals (`wire`). Up to
+`detail_every_step_up_to` ranks, all ranks gather it (`dist.gather_rows`) and every rank feeds ALL ranks'
+records, in rank order, into its own `Engine`. Above it, the ranks all-reduce a summary of the vectors
+(`dist.reduce_summary`, monitor/summary.py) and feed one run-level record; they gather the rows only on the
+steps the summary (or the schedule: the first step, fingerprint steps, the steps just after a finding's
+cause) says to look at rank by rank. Either way the records, and so the findings and the halt decision,
+are the same on every rank at the same step, and so is the choice of collectives. Local failures travel
+in the vector too (the `error` slot), so the ranks also agree on when to stop analysing: the collective
+path never diverges.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import torch
 
 from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
-from lossguard.core.records import Record, event
+from lossguard.core.records import TRAIN, Record, event
 from lossguard.detectors import make_detectors
-from lossguard.monitor import dist, tensors, wire
+from lossguard.monitor import dist, summary, tensors, wire
+from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.sinks import (
     JsonlSink,
@@ -61,6 +66,8 @@ class Monitor:
         self.webhook = None
         self._emitted: list[Finding] = []
         self._last_skipped: dict[int, float] = {}
+        # Above the threshold a step is reduced, and gathered only when there is something to look at.
+        self.exchange = Exchange(self.layout, self.world_size, options.detail_every_step_up_to, self._scheduled)
         self.facts = {"world_size": self.world_size, **(facts or {})}
         if options.events_dir is not None:
             self.jsonl = JsonlSink(options.events_dir, self.rank, {"world_size": self.world_size, "entry": entry})
@@ -109,22 +116,25 @@ class Monitor:
             gathered_events = dist.gather_objects(events)
         vector = self._local_vector(step, micro, grad_norm, lrs, loss_scale, skipped_steps)
         try:
-            rows = dist.gather_rows(vector)  # SYNC POINT: the one collective + host copy per step
+            rows, seen, own = self.exchange.step(step, first, vector)
         except Exception as exc:  # the process group itself failed: nothing left to agree with
             self._fail(exc, "gather", raise_ok=False)
             self._disable(step, [self.rank])
             return False
-        failed = [r for r, row in enumerate(rows) if wire.failed(row)]
+        failed = [r for r, row in enumerate(rows) if wire.failed(row)] if rows is not None else []
         if failed:
             self._disable(step, failed)
             return False
-        # The halt decision depends only on the gathered rows, the same on every rank. Work that can fail on
-        # one rank alone (the next step's parameter snapshot, out of memory) comes after it and cannot
-        # change it: a rank that decided differently would train on while the others wait in a collective.
+        # The halt decision depends only on the gathered rows (or the reduced summary), the same on every
+        # rank. Work that can fail on one rank alone (the next step's parameter snapshot, out of memory)
+        # comes after it and cannot change it: a rank that decided differently would train on while the
+        # others wait in a collective.
         hits: list[Finding] = []
         try:
             leading = [r for rank_events in gathered_events for r in (rank_events or [])] if first else []
-            hits = should_halt(self.rules, self.analyse_rows(step, rows, leading))
+            found = self.analyse_rows(step, rows, leading, seen) if rows is not None else \
+                self.analyse_summary(step, seen, own)
+            hits = should_halt(self.rules, found)
         except Exception as exc:
             self._fail(exc, "analysis")
         if self._scheduled(step + 1):
@@ -161,11 +171,17 @@ class Monitor:
             say(f"lossguard: internal error on rank {self.rank} ({self._local_error}); the run's findings "
                 f"stand. Please report this.")
         if self.jsonl is not None:
-            self.jsonl.write({"type": "end", "halted_at": self.halted_at, "disabled": self.disabled})
+            self.jsonl.write({"type": "end", "halted_at": self.halted_at, "disabled": self.disabled,
+                              "steps_by_path": self.steps_by_path})
             self.jsonl.close()
         if self.webhook is not None:
             self.webhook.close()
         return new
+
+    @property
+    def steps_by_path(self) -> dict[str, int]:
+        """Steps that gathered every rank's row ("detail") and steps read from the summary alone."""
+        return self.exchange.steps_by_path
 
     # -- internals -------------------------------------------------------------------------------
     def _scheduled(self, step: int) -> bool:
@@ -224,34 +240,51 @@ class Monitor:
             values.update_ratios = self.updates.ratios()
         return values
 
-    def analyse_rows(self, step: int, rows: list[list[float]], leading: list[Record] = ()) -> list[Finding]:
+    def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:
+        """A step read from the summary alone: the run-level record through the engine. This rank's own row
+        still goes to its events file, so the file holds every step of the rank as below the threshold.
+        The new findings. (`bench/scale.py` times `Summary.read` + `Exchange.note` + this.)"""
+        if own is not None and self.jsonl is not None:
+            # Decoded without `_row_record`'s skip bookkeeping: that state feeds every rank's engine alike
+            # and must move only with gathered rows (a summary-only step never moves the skip count anyway).
+            signals, data = self.layout.decode(own)
+            self.jsonl.write(record_line(Record(step=step, rank=self.rank, signals=signals, data=data, source="live")))
+        return self._emit_records([summary.run_record(seen, step)])
+
+    def analyse_rows(self, step: int, rows: list[list[float]], leading: list[Record] = (),
+                     seen: summary.Summary | None = None) -> list[Finding]:
         """One gathered step, as every rank analyses it: `leading` records (the first step's events), then
-        each rank's row in rank order, through the engine. The new findings. (`bench/scale.py` times this
-        at simulated world sizes.)"""
-        return self._emit_records([*leading, *self._records(step, rows)])
+        each rank's row in rank order, then (above the threshold) the run-level record of `seen`, through
+        the engine: a fault is named by its rank before the run-level record can report it. The new
+        findings. (`bench/scale.py` times this at simulated world sizes.)"""
+        run = [summary.run_record(seen, step)] if seen is not None else []
+        return self._emit_records([*leading, *self._records(step, rows), *run])
 
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
-        records = []
-        for rank, row in enumerate(rows):
-            signals, data = self.layout.decode(row)
-            if "skipped_steps" in signals:
-                skipped = signals["skipped_steps"]
-                if skipped > self._last_skipped.get(rank, 0.0) and "grad_norm" in signals:
-                    # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): the
-                    # grad_norm DeepSpeed reports now is its overflow marker (inf, or the last good
-                    # value), not a measurement; keep it out of the signals
-                    data["step_skipped"] = True
-                    data["grad_norm_reported"] = signals.pop("grad_norm")
-                self._last_skipped[rank] = skipped
-            records.append(Record(step=step, rank=rank, signals=signals, data=data, source="live"))
-        return records
+        return [self._row_record(step, rank, row) for rank, row in enumerate(rows)]
+
+    def _row_record(self, step: int, rank: int, row: list[float]) -> Record:
+        signals, data = self.layout.decode(row)
+        if "skipped_steps" in signals:
+            skipped = signals["skipped_steps"]
+            if skipped > self._last_skipped.get(rank, 0.0) and "grad_norm" in signals:
+                # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): the
+                # grad_norm DeepSpeed reports now is its overflow marker (inf, or the last good
+                # value), not a measurement; keep it out of the signals
+                data["step_skipped"] = True
+                data["grad_norm_reported"] = signals.pop("grad_norm")
+            self._last_skipped[rank] = skipped
+        return Record(step=step, rank=rank, signals=signals, data=data, source="live")
 
     def _emit_records(self, records: list[Record]) -> list[Finding]:
         new: list[Finding] = []
         for record in records:
             if record.source == "":
                 record.source = "live"
-            if self.jsonl is not None and (record.rank is None or record.rank == self.rank):
+            # A rank writes its own records and the run's events; the run-level train record (above the
+            # threshold) is not written: every rank's file holds that rank's own record of every step.
+            mine = record.rank == self.rank or (record.rank is None and record.kind != TRAIN)
+            if self.jsonl is not None and mine:
                 self.jsonl.write(record_line(record))
             new.extend(self.engine.feed(record))
         self._publish(new)

@@ -1,8 +1,10 @@
-"""Everything that touches `torch.distributed`: rank, world size and the one per-step gather.
+"""Everything that touches `torch.distributed`: rank, world size, the per-step reduction and gather.
 
-Every rank calls `gather_rows` exactly once per optimizer step with a vector of the same length, so
-the collective sequence is identical on every rank and nothing can deadlock. `gather_objects` runs
-once, at the first step, for the non-numeric first-step facts (parameter names).
+Each optimizer step every rank makes the same calls with tensors of the same length: `reduce_summary`
+(the summary every rank learns, monitor/summary.py), and `gather_rows` on the steps the monitor looks at
+rank by rank; the choice comes from values every rank holds alike, so the collective sequence is
+identical on every rank and nothing can deadlock. `gather_objects` runs once, at the first step, for
+the non-numeric first-step facts (parameter names).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def comm_device() -> torch.device:
 def gather_rows(vector: torch.Tensor) -> list[list[float]]:
     """All ranks' vectors as Python lists, in rank order.
 
-    SYNC POINT: the one host sync lossguard adds per optimizer step (all_gather + `.tolist()`).
+    SYNC POINT: one host sync (all_gather + `.tolist()`): on every step below the world-size threshold
+    (the only sync there), else on the steps the monitor looks at rank by rank.
     """
     if not is_distributed():
         return [vector.cpu().tolist()]
@@ -46,6 +49,23 @@ def gather_rows(vector: torch.Tensor) -> list[list[float]]:
     gather = getattr(torch_dist, "all_gather_single", None) or torch_dist.all_gather_into_tensor
     gather(out, vector.contiguous())
     return out.view(world_size(), vector.numel()).cpu().tolist()
+
+
+def reduce_summary(sums: torch.Tensor, maxes: torch.Tensor, own: torch.Tensor) -> tuple[list[float], list[float]]:
+    """(the summary every rank gets: `sums` summed and `maxes` maxed over the ranks; this rank's own row).
+
+    Two all_reduce calls, because one carries one operation: they are launched together (`async_op`) and
+    waited for on the device stream, so the host waits once. SYNC POINT: the one host sync of a step
+    that needs no detail (one `.tolist()` of the reduced values and this rank's row, one copy).
+    """
+    if is_distributed():
+        pending = [torch_dist.all_reduce(sums, op=torch_dist.ReduceOp.SUM, async_op=True),
+                   torch_dist.all_reduce(maxes, op=torch_dist.ReduceOp.MAX, async_op=True)]
+        for work in pending:
+            work.wait()
+    values = torch.cat([sums, maxes, own]).tolist()
+    cut = sums.numel() + maxes.numel()
+    return values[:cut], values[cut:]
 
 
 def gather_objects(obj: Any) -> list[Any]:

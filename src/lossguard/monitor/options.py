@@ -36,12 +36,18 @@ class GuardOptions:
     # (LoRA parameters, then the model's top-level modules).
     module_groups: dict[str, list[str]] | None = None
     update_sample_size: int = 4096  # elements of each parameter sampled for the update ratio
+    # Up to this many ranks, every step gathers every rank's row (all records, every step). Above it, a
+    # step reduces a summary and gathers only when the summary shows something (monitor/summary.py).
+    detail_every_step_up_to: int = 16
     detectors: list[Any] | None = field(default=None, compare=False)  # None: every registered detector
 
     def __post_init__(self) -> None:
         problems = []
         if not isinstance(self.fingerprint_every, int) or self.fingerprint_every < 0:
             problems.append(f"fingerprint_every must be an int >= 0, got {self.fingerprint_every!r}")
+        if not isinstance(self.detail_every_step_up_to, int) or isinstance(self.detail_every_step_up_to, bool) \
+                or self.detail_every_step_up_to < 0:
+            problems.append(f"detail_every_step_up_to must be an int >= 0, got {self.detail_every_step_up_to!r}")
         for name in ("console_min_severity", "webhook_min_severity"):
             try:
                 Severity.parse(getattr(self, name))

@@ -1,5 +1,6 @@
 """Per-rank tensor measurements. Everything here stays on the device (no host sync) unless the
-function says SYNC POINT; the monitor moves the results to the host in its one per-step gather."""
+function says SYNC POINT; the monitor moves the results to the host in its one per-step host copy (of
+the gather, or of the reduced summary)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The per-rank vector every rank sends at each optimizer step, and how a gathered row reads back.
 
-One fixed-length float64 vector a rank, so the step's one collective (`dist.gather_rows`) has the same shape
-on every rank: nine base slots, then `num_lr` learning rates, then one update ratio per module group. The
-PRESENT slot says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
+One fixed-length float64 vector a rank, so the step's collectives (`dist.gather_rows`, and above the
+world-size threshold the summary's all_reduce, monitor/summary.py) have the same shape on every rank:
+nine base slots, then `num_lr` learning rates, then one update ratio per module group. The PRESENT slot
+says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
 The ERROR slot set means "this rank's lossguard failed": the row carries nothing else (every slot NaN).
 
 `encode` builds the vector on the communication device without a host sync (values may be 0-d tensors;
@@ -137,6 +138,15 @@ class Layout:
             signals["update_ratio"] = max(finite) if finite else math.nan
             data["update_ratio_groups"] = dict(zip(self.groups, ratios))
         return signals, data
+
+
+def slot_bits(layout: Layout) -> tuple[int, ...]:
+    """The PRESENT bit that says whether each slot of a row holds a measurement (0: never one; the ERROR
+    and PRESENT slots are bookkeeping). The summary (monitor/summary.py) counts ranks per slot by it."""
+    base = {RAW_LOSS: HAS_LOSS, LABELS: HAS_LABELS, MIN_LABELS: HAS_LABELS, GRAD_NORM: HAS_GRAD_NORM,
+            LOSS_SCALE: HAS_SCALE, SKIPPED: HAS_SKIPPED, FINGERPRINT: HAS_PRINT}
+    return (*(base.get(slot, 0) for slot in range(NUM_BASE)), *(HAS_LR,) * layout.num_lr,
+            *(HAS_UPDATE,) * len(layout.groups))
 
 
 def failed(row: list[float]) -> bool:

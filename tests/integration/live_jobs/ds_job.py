@@ -3,7 +3,9 @@
     torchrun --nproc_per_node 2 ds_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
 Scenario names: STAGE-FAULT, e.g. z2-nan-bf16. On a halt every rank saves a checkpoint under
-OUT_DIR/SCENARIO/ckpt and leaves the loop through LossguardHalt.
+OUT_DIR/SCENARIO/ckpt and leaves the loop through LossguardHalt. A name ending in `-sum` runs the same
+fault on the summary path (`detail_every_step_up_to=0`: the real all_reduce each step, a gather only when
+the summary shows something) with fingerprints at steps 1 and 5 only, so most steps are summary-only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def run(out_dir: str, name: str) -> None:
     import lossguard
 
     stage = int(name[1])
-    fault = name[3:]
+    fault = name[3:].removesuffix("-sum")
+    summary_path = name.endswith("-sum")
     rank = tiny.rank()
     kw: dict = {}
     ga = 2 if fault == "healthy-ga" else 1
@@ -67,8 +70,10 @@ def run(out_dir: str, name: str) -> None:
         os.makedirs(os.path.join(work, "events"), exist_ok=True)
         os.symlink("/dev/full", os.path.join(work, "events", "events-rank1.jsonl"))
     gathers = _count_gathered_parameters() if fault == "healthy-count-gathers" else None
+    paths = {"detail_every_step_up_to": 0, "fingerprint_every": FAULT_STEP + 1} if summary_path else \
+        {"fingerprint_every": 1}
     guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="warning",
-                             fingerprint_every=1, halt_checkpoint_dir=ckpt, detectors=None)
+                             halt_checkpoint_dir=ckpt, detectors=None, **paths)
     current = {"step": 0}
     if fault == "nan-bf16-snapshot-fails" and rank == 1:
         # rank 1's work after the halt decision (the next step's parameter snapshot) raises at the fault step
@@ -101,7 +106,8 @@ def run(out_dir: str, name: str) -> None:
     guard.detach()
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:  # what each rank decided, for agreement
         json.dump({"halted_at": halted, "global_step": engine.global_steps, "disabled": guard.monitor.disabled,
-                   "gathered_parameters_calls": gathers[0] if gathers else None}, fh)
+                   "gathered_parameters_calls": gathers[0] if gathers else None,
+                   "steps_by_path": guard.monitor.steps_by_path}, fh)
     if rank == 0:
         findings = [f.to_dict() for f in guard.monitor._emitted]
         with open(os.path.join(work, "summary.json"), "w") as fh:

@@ -2,7 +2,9 @@
 
     torchrun --nproc_per_node 2 hf_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
-Each scenario runs a fresh Trainer in the same process group and writes OUT_DIR/SCENARIO/.
+Each scenario runs a fresh Trainer in the same process group and writes OUT_DIR/SCENARIO/. A name ending
+in `-sum` runs the same scenario on the summary path (`detail_every_step_up_to=0`: the real all_reduce each
+step, a gather only when the summary shows something) with fingerprints at steps 1 and 5 only.
 """
 
 from __future__ import annotations
@@ -115,9 +117,12 @@ def run(out_dir: str, name: str) -> None:
 
     from lossguard import LossguardCallback
 
-    model, kw, args_kw, faults, callback_kw = build(name)
-    install_faults(model, faults)
     work = os.path.join(out_dir, name)
+    model, kw, args_kw, faults, callback_kw = build(name.removesuffix("-sum"))
+    if name.endswith("-sum"):
+        callback_kw.update(detail_every_step_up_to=0, fingerprint_every=FAULT_STEP + 1)
+    name = faults.name
+    install_faults(model, faults)
 
     class StepCounter(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **k):
@@ -148,6 +153,7 @@ def run(out_dir: str, name: str) -> None:
         "disabled": guard.monitor.disabled if guard.monitor else None,
         "global_step": trainer.state.global_step,
         "findings": [f.to_dict() for f in guard.monitor._emitted] if guard.monitor else [],
+        "steps_by_path": guard.monitor.steps_by_path if guard.monitor else None,
     }
     if tiny.rank() == 0:
         with open(os.path.join(work, "summary.json"), "w") as fh:
