@@ -68,14 +68,24 @@ def summary_step(monitor, step: int, reduced: list[float], own) -> list:
     return monitor.analyse_summary(step, seen)
 
 
+def gathered_step(monitor, step: int, rows: list[list[float]]) -> list:
+    """A step above the threshold that gathers (the first step, or one the summary asked about) with
+    nothing wrong on any rank: the host reduction of the rows, then the ranks that stand out (none) and
+    the run-level record through the engine."""
+    from lossguard.monitor import summary
+
+    return monitor.analyse_rows(step, rows, (), summary.of_rows(monitor.layout, rows))
+
+
 def per_step_ms(world: int, steps: int, warmup: int = 5) -> tuple[float, float, int, int]:
     import torch
 
     from lossguard.monitor import summary
 
     full, reduced_path = build_monitor(), build_monitor(detail_every_step_up_to=0)
+    gathered = build_monitor(detail_every_step_up_to=0)
     rng = random.Random(world)
-    times: dict[str, list[float]] = {"full": [], "summary": []}
+    times: dict[str, list[float]] = {"full": [], "gathered": [], "summary": []}
     reductions = []
     for step in range(1, warmup + steps + 1):
         rows = healthy_rows(full.layout, world, step, rng)
@@ -83,15 +93,17 @@ def per_step_ms(world: int, steps: int, warmup: int = 5) -> tuple[float, float, 
         own = torch.tensor(rows[0], dtype=torch.float64)
         reductions.append((summary.reduce_on_host(reduced_path.layout, rows), own))
         timed(times["full"], step > warmup, world, full.analyse_rows, step, rows)
+        timed(times["gathered"], step > warmup, world, gathered_step, gathered, step, rows)
     # Timed apart from the full path: building 8,192 rows between two steps would leave caches cold that a
     # summary step itself does not touch (+0.2 ms at 8,192 on this box, none of it the guard's work).
     for step, (reduced, own) in enumerate(reductions, 1):
         timed(times["summary"], step > warmup, world, summary_step, reduced_path, step, reduced, own)
     full.close()
+    gathered.close()
     reduced_path.close()
     row_bytes = len(rows[0]) * 8
-    return (statistics.median(times["full"]) * 1e3, statistics.median(times["summary"]) * 1e3,
-            row_bytes * world, len(reductions[0][0]) * 8)
+    return (statistics.median(times["full"]) * 1e3, statistics.median(times["gathered"]) * 1e3,
+            statistics.median(times["summary"]) * 1e3, row_bytes * world, len(reductions[0][0]) * 8)
 
 
 def timed(into: list[float], keep: bool, world: int, run, *args) -> None:
@@ -113,15 +125,16 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = [(world, *per_step_ms(world, args.steps)) for world in sizes]
-    base = {path: next((r[path] for r in results if r[0] == 8), results[0][path]) for path in (1, 2)}
-    print(f"{'world size':>10}  {'full ms/step':>12}  {'x at 8':>7}  {'bytes in':>11}   "
-          f"{'summary ms/step':>15}  {'x at 8':>7}  {'bytes in':>8}")
-    for world, full_ms, summary_ms, full_bytes, summary_bytes in results:
-        print(f"{world:>10}  {full_ms:>12.2f}  {full_ms / base[1]:>6.1f}x  {full_bytes:>11,}   "
-              f"{summary_ms:>15.3f}  {summary_ms / base[2]:>6.1f}x  {summary_bytes:>8,}")
+    base = {path: next((r[path] for r in results if r[0] == 8), results[0][path]) for path in (1, 2, 3)}
+    print(f"{'world size':>10}  {'full ms/step':>12}  {'x at 8':>7}  {'bytes in':>11}   {'gathered ms':>11}  "
+          f"{'x at 8':>7}   {'summary ms/step':>15}  {'x at 8':>7}  {'bytes in':>8}")
+    for world, full_ms, gathered_ms, summary_ms, full_bytes, summary_bytes in results:
+        print(f"{world:>10}  {full_ms:>12.2f}  {full_ms / base[1]:>6.1f}x  {full_bytes:>11,}   {gathered_ms:>11.2f}  "
+              f"{gathered_ms / base[2]:>6.1f}x   {summary_ms:>15.3f}  {summary_ms / base[3]:>6.1f}x  {summary_bytes:>8,}")
     print("(healthy steps, after the collective. full: every rank's record through the detectors, the path up "
-          "to detail_every_step_up_to ranks; summary: the healthy steps above it. A step the summary asks "
-          "to look at, the first step and fingerprint steps cost the full path's figure plus the reduction.)")
+          "to detail_every_step_up_to ranks. Above it, gathered: a step that gathers the rows (the first, "
+          "or one the summary asked about), their host reduction, the ranks that stand out and the run-level "
+          "record; summary: every other step, fingerprint steps included.)")
 
 
 if __name__ == "__main__":

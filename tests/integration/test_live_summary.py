@@ -1,6 +1,7 @@
 """The summary path over real collectives: two-rank raw DeepSpeed engines (CPU, gloo) with the world-size
 threshold at 0, so each step all-reduces the summary and gathers only when it shows something. Fingerprints
-at steps 1 and 5 only (the job's `-sum` scenarios): the other steps are summary-only unless a fault shows.
+are taken at steps 1 and 5 (the job's `-sum` scenarios) and compared in the summary: after the first step,
+every step is summary-only unless a fault shows.
 A fault on one rank must still be caught, named by its rank, and halt every rank at the same step."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def test_healthy_run_is_quiet_and_most_steps_are_summary_only(runs):
     out, summaries, ranks = runs
     summary = summaries["z2-healthy-sum"]
     assert above_info(summary) == [] and summary["halted_at"] is None and summary["global_step"] == 8
-    # steps 1 and 5 gather (first step, fingerprint step); the six others are read from the all_reduce alone
-    assert [r["steps_by_path"] for r in ranks["z2-healthy-sum"]] == [{"detail": 2, "summary": 6}] * 2
+    # step 1 gathers (the first step); the seven others, fingerprint step 5 included, are read from the
+    # all_reduce alone
+    assert [r["steps_by_path"] for r in ranks["z2-healthy-sum"]] == [{"detail": 1, "summary": 7}] * 2
     for rank in (0, 1):  # each rank's events file still holds its own record of every step
         lines = [json.loads(x) for x in (out / "z2-healthy-sum" / "events" / f"events-rank{rank}.jsonl").open()]
         steps = [x["step"] for x in lines if x.get("kind") == "train"]
@@ -86,4 +88,4 @@ def test_two_nodes_on_the_summary_path_catch_the_fault_on_the_other_node(tmp_pat
     assert fault["halted_at"] in (FAULT_STEP, FAULT_STEP + 1) and fault["steps_by_path"]["summary"] >= 2
     healthy = summaries["healthy-z1-sum"]
     assert above_info(healthy) == [] and healthy["global_step"] == 8
-    assert healthy["steps_by_path"] == {"detail": 2, "summary": 6}
+    assert healthy["steps_by_path"] == {"detail": 1, "summary": 7}

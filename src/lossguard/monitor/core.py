@@ -66,8 +66,9 @@ class Monitor:
         self.webhook = None
         self._emitted: list[Finding] = []
         self._last_skipped: dict[int, float] = {}
+        self._watched: dict[int, int] = {}  # above the threshold: rank -> the last step it stood out
         # Above the threshold a step is reduced, and gathered only when there is something to look at.
-        self.exchange = Exchange(self.layout, self.world_size, options.detail_every_step_up_to, self._scheduled)
+        self.exchange = Exchange(self.layout, self.world_size, options.detail_every_step_up_to)
         self.facts = {"world_size": self.world_size, **(facts or {})}
         if options.events_dir is not None:
             self.jsonl = JsonlSink(options.events_dir, self.rank, {"world_size": self.world_size, "entry": entry})
@@ -244,21 +245,50 @@ class Monitor:
         """A step read from the summary alone: the run-level record through the engine. This rank's own row
         still goes to its events file, so the file holds every step of the rank as below the threshold.
         The new findings. (`bench/scale.py` times `Summary.read` + `Exchange.note` + this.)"""
-        if own is not None and self.jsonl is not None:
-            # Decoded without `_row_record`'s skip bookkeeping: that state feeds every rank's engine alike
-            # and must move only with gathered rows (a summary-only step never moves the skip count anyway).
+        if own is not None:
+            self._write_own(step, own)
+        return self._emit_records([summary.run_record(seen, step)])
+
+    def _write_own(self, step: int, own: list[float]) -> None:
+        """This rank's row of a step whose engine input leaves it out, to its events file. Decoded without
+        `_row_record`'s skip bookkeeping: that state feeds every rank's engine alike and must move only with
+        gathered rows (a summary-only step never moves the skip count anyway)."""
+        if self.jsonl is not None:
             signals, data = self.layout.decode(own)
             self.jsonl.write(record_line(Record(step=step, rank=self.rank, signals=signals, data=data, source="live")))
-        return self._emit_records([summary.run_record(seen, step)])
 
     def analyse_rows(self, step: int, rows: list[list[float]], leading: list[Record] = (),
                      seen: summary.Summary | None = None) -> list[Finding]:
         """One gathered step, as every rank analyses it: `leading` records (the first step's events), then
-        each rank's row in rank order, then (above the threshold) the run-level record of `seen`, through
-        the engine: a fault is named by its rank before the run-level record can report it. The new
-        findings. (`bench/scale.py` times this at simulated world sizes.)"""
-        run = [summary.run_record(seen, step)] if seen is not None else []
-        return self._emit_records([*leading, *self._records(step, rows), *run])
+        rank records in rank order, then (above the threshold) the run-level record of `seen`, through the
+        engine: a fault is named by its rank before the run-level record can report it. Below the threshold
+        every rank has its record; above it, only the ranks `_ranks_to_feed` picks, so a step gathered at
+        thousands of ranks costs the detectors a few records. The new findings. (`bench/scale.py` times
+        this at simulated world sizes.)"""
+        if seen is None:
+            return self._emit_records([*leading, *self._records(step, rows)])
+        picked = self._ranks_to_feed(step, rows, seen)
+        if self.rank not in picked:
+            self._write_own(step, rows[self.rank])
+        ranked = [self._row_record(step, rank, rows[rank]) for rank in picked]
+        for rank, row in enumerate(rows):  # the others' skip counts, for the next step one of them is fed
+            if row[wire.SKIPPED] == row[wire.SKIPPED]:
+                self._last_skipped[rank] = row[wire.SKIPPED]
+        return self._emit_records([*leading, *ranked, summary.run_record(seen, step)])
+
+    def _ranks_to_feed(self, step: int, rows: list[list[float]], seen: summary.Summary) -> list[int]:
+        """The ranks that stand out at this step, those that stood out in the last `summary.DETAIL_AFTER`
+        steps (their detectors see how the fault went on, and a clean record ends their streaks), and a
+        reference first: the lowest rank that does not stand out, which rank-to-rank comparisons (a
+        replica's fingerprint) measure the others against."""
+        odd = summary.standouts(self.layout, rows, seen)
+        for rank in odd:
+            self._watched[rank] = step
+        self._watched = {r: at for r, at in self._watched.items() if step - at <= summary.DETAIL_AFTER}
+        if not self._watched:
+            return []
+        reference = next((r for r in range(len(rows)) if r not in self._watched), None)
+        return ([] if reference is None else [reference]) + sorted(self._watched)
 
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
         return [self._row_record(step, rank, row) for rank, row in enumerate(rows)]

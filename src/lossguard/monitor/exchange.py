@@ -1,15 +1,14 @@
 """Which collectives a step takes, decided alike on every rank, and what they return.
 
 Up to `detail_every_step_up_to` ranks: the gather of every rank's row, every step. Above it: the gather on
-the steps known in advance to need it (the first step, fingerprint steps, the `summary.DETAIL_AFTER` steps
-after one that showed something), else the all_reduce of the summary, then the gather only when the
-summary gives a reason (`summary.reasons`). The schedule and the summary are the same on every rank, so
+the steps known in advance to need it (the first step, the `summary.DETAIL_AFTER` steps after one that
+showed something), else the all_reduce of the summary, then the gather only when the summary gives a
+reason (`summary.reasons`: on a fingerprint step, fingerprints that differ). The schedule and the summary are the same on every rank, so
 the sequence of collectives is too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,11 +17,9 @@ from lossguard.monitor import dist, summary, wire
 
 
 class Exchange:
-    def __init__(self, layout: wire.Layout, world_size: int, detail_up_to: int,
-                 scheduled: Callable[[int], bool]) -> None:
+    def __init__(self, layout: wire.Layout, world_size: int, detail_up_to: int) -> None:
         self.layout = layout
         self.summarised = world_size > detail_up_to
-        self.scheduled = scheduled
         # `gather_rows` and `reduce_summary`: `dist`; a simulated world of many ranks in bench/scale.py and
         # the unit tests (what those collectives would return there).
         self.collectives: Any = dist
@@ -39,7 +36,7 @@ class Exchange:
         if not self.summarised:
             self.steps_by_path["detail"] += 1
             return world.gather_rows(vector), None, None
-        if first or self.scheduled(step) or step <= self.detail_until:  # known in advance: no reduction
+        if first or step <= self.detail_until:  # known in advance: no reduction
             rows = world.gather_rows(vector)
             seen = summary.of_rows(self.layout, rows)
             self.note(step, seen)

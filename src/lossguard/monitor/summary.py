@@ -24,12 +24,14 @@ from lossguard.core.profile import SPIKE_RECOVER_WITHIN
 from lossguard.core.records import Record
 from lossguard.monitor import wire
 from lossguard.monitor.wire import (
+    ERROR,
     FINGERPRINT,
     GRAD_NORM,
     LABELS,
     LOSS_SCALE,
     MIN_LABELS,
     NUM_BASE,
+    PRESENT,
     RAW_LOSS,
     SKIPPED,
 )
@@ -140,6 +142,35 @@ def reasons(summary: Summary, last_skips: tuple[float, float] | None) -> list[st
     if skips is not None and (skips[0] != skips[1] or (last_skips is not None and skips != last_skips)):
         out.append("skipped steps moved")
     return out
+
+
+def standouts(layout: wire.Layout, rows: list[list[float]] | torch.Tensor, seen: Summary) -> list[int]:
+    """The ranks whose own row shows something `reasons` looks for: a failed rank, a non-finite value or a
+    zero where one matters, a loss far from the mean, a fingerprint or a skipped-step count other than most
+    ranks'. One pass of tensor operations over every row, so a step gathered at thousands of ranks hands
+    the detectors these few records, not one per rank. The same on every rank (the same rows)."""
+    matrix = torch.as_tensor(rows, dtype=torch.float64).reshape(-1, layout.length)
+    bits = torch.nan_to_num(matrix[:, PRESENT], nan=0.0).to(torch.int64)
+    present = (bits.unsqueeze(1) & _bits(layout, matrix.device)) != 0
+    odd = (matrix[:, ERROR] == 1.0) | (present & ~torch.isfinite(matrix))[:, list(_NAMES)].any(1)
+    odd |= (present & (matrix == 0))[:, list(_ZERO_MATTERS)].any(1)
+    for slot in (FINGERPRINT, SKIPPED):  # values every rank should share: the ranks off the most common
+        has = present[:, slot]
+        if has.any() and seen.high[slot] != seen.low[slot]:
+            odd |= has & (matrix[:, slot] != _most_common(matrix[has, slot]))
+    finite = seen.present[RAW_LOSS] - seen.nonfinite[RAW_LOSS]
+    if finite:
+        mean = seen.total[RAW_LOSS] / finite
+        odd |= present[:, RAW_LOSS] & ((matrix[:, RAW_LOSS] - mean).abs() > max(abs(mean), OUTLIER_NATS))
+    return torch.nonzero(odd).flatten().tolist()
+
+
+def _most_common(values: torch.Tensor) -> torch.Tensor:
+    """The value most ranks hold; on a tie (two ranks, two values), the lowest rank's: the reference a
+    rank-by-rank comparison takes anyway."""
+    distinct, counts = torch.unique(values, return_counts=True)
+    tied = distinct[counts == counts.max()]
+    return values[torch.isin(values, tied)][0]
 
 
 def run_record(summary: Summary, step: int) -> Record:
