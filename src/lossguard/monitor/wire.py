@@ -37,12 +37,21 @@ def _assemble(slots: list[Any], device: torch.device) -> torch.Tensor:
     host = [math.nan] * len(slots)
     where, measured = [], []
     for i, value in enumerate(slots):
-        if isinstance(value, torch.Tensor):
+        # A value already on the device stays there; a number, or a CPU tensor beside a GPU vector (read
+        # where it is: no device to wait for), goes over with the host vector.
+        if isinstance(value, torch.Tensor) and (value.device == device or value.device.type != "cpu"):
             where.append(i)
             measured.append(value.detach().reshape(()).to(device=device, dtype=torch.float64))
         else:
             host[i] = float(value)
-    vector = torch.tensor(host, dtype=torch.float64).to(device)
+    vector = torch.tensor(host, dtype=torch.float64)
+    if device.type == "cuda":
+        # From page-locked memory the copy is queued on the stream and the host goes on; from ordinary memory
+        # it is a synchronous copy, a stall each step (PyTorch's pinned-block cache keeps the block until the
+        # copy is done, and makes pinning a few floats each step cheap).
+        vector = vector.pin_memory().to(device, non_blocking=True)
+    else:
+        vector = vector.to(device)
     if measured:
         vector = vector.index_copy(0, _slot_index(tuple(where), device), torch.stack(measured))
     return vector
