@@ -66,6 +66,18 @@ CASES = {
     "llamafactory_dicts_gradnan_flat_broken.log": ("broken", ("nonfinite", "not-learning"), ANY),
     "megatron_core_all_skipped_broken.log": ("broken", ("fp16-overflow", "lr-zero"), ANY),
     "deepspeed_pdsh_overflow_only_broken.log": ("broken", ("fp16-overflow",), 1),
+    "github_details_quoted_hf_dicts_healthy.log": ("healthy", ANY, ANY),
+    "github_wrapped_cut_dicts_loss0_gradnan_broken.log": ("broken", ("nonfinite-hidden",), 4),
+    "hf_train_eval_metrics_blocks_healthy.log": ("healthy", ANY, ANY),
+    "hf_dicts_nan_then_train_metrics_broken.log": ("broken", ("nonfinite",), 7),
+    "trainer_state_log_history_pasted_healthy.log": ("healthy", ANY, ANY),
+    "trainer_state_log_history_fenced_loss0_gradnan_broken.txt": ("broken", ("nonfinite-hidden",), 20),
+    "trainer_state_entries_one_per_line_healthy.log": ("healthy", ANY, ANY),
+    "peft_accelerate_epoch_ppl_tensor_healthy.log": ("healthy", ANY, ANY),
+    "peft_accelerate_epoch_ppl_tensor_nan_broken.log": ("broken", ("nonfinite",), 3),
+    "msswift3_token_acc_dicts_healthy.log": ("healthy", ANY, ANY),
+    "llamafactory_info_prefix_dicts_healthy.log": ("healthy", ANY, ANY),
+    "torchelastic_default_rank_prefix_nan_broken.log": ("broken", ("nonfinite",), 6),
 }
 
 
@@ -157,3 +169,31 @@ def test_nanogpt_eval_time_train_estimate_is_not_a_second_training_record():
     records = _records("nanogpt_iter_and_eval_lines_healthy.log")
     train = [(r.step, r.signals["loss"]) for r in records if r.kind == TRAIN]
     assert train == [(0, 4.21), (10, 3.71), (20, 3.21), (30, 2.71), (40, 2.21)]
+
+
+def test_a_dict_wrapped_over_two_lines_is_one_log():
+    # The terminal wrapped `{'loss': 0.0, 'grad_norm': ` / `nan, 'learning_rate': ...}`: one record with the
+    # value from the next line, not a loss record and an lr record at two steps.
+    d = analyze([ZOO / "github_wrapped_cut_dicts_loss0_gradnan_broken.log"])
+    assert d.result.stats.num_train == 10
+    records = _records("github_wrapped_cut_dicts_loss0_gradnan_broken.log")
+    assert records[0].signals == {"loss": 1.87, "grad_norm": 0.91, "lr": 9.98e-05, "epoch": 0.02}
+    # Wrapped inside a number, over three lines: the joined value stands, not the first line's `1.2`.
+    (record,) = parse_lines([b"{'loss': 1.2", b"345, 'grad_norm': 0.5, 'learning_r", b"ate': 1e-05, 'epoch': 0.1}"])
+    assert record.signals == {"loss": 1.2345, "grad_norm": 0.5, "lr": 1e-05, "epoch": 0.1}
+
+
+def test_a_pasted_log_history_reads_one_record_per_entry():
+    # Pretty-printed entries (`"loss": 2.3,` then `"step": 10` on lines of their own), in a fence or cut.
+    for name, steps in (("trainer_state_log_history_pasted_healthy.log", list(range(25, 201, 25))),
+                        ("trainer_state_log_history_fenced_loss0_gradnan_broken.txt", list(range(5, 41, 5)))):
+        d = analyze([ZOO / name])
+        assert d.result.stats.num_train == len(steps), name
+        assert (d.result.stats.first_step, d.result.stats.last_step) == (steps[0], steps[-1]), name
+
+
+def test_hf_metrics_blocks_are_summaries_and_evals_not_steps():
+    records = _records("hf_train_eval_metrics_blocks_healthy.log")
+    assert [r.step for r in records if r.kind == TRAIN] == list(range(1, 11))
+    assert [r.event for r in records if r.kind == EVENT] == ["train-summary", "train-summary"]
+    assert [(r.step, r.signals["eval_loss"]) for r in records if r.kind == EVAL] == [(10, 0.7702)]

@@ -61,6 +61,8 @@ class TextLogParser:
         # The last train record that is an estimate made at an evaluation (nanoGPT's `step N: train loss X,
         # val loss Y`): the step's own record after it gives the values (see `merged`).
         self.provisional: Record | None = None
+        # A log dict the last line left open (line number, its text so far, its record): see `_open_dict`.
+        self._open: tuple[int | None, bytes, Record] | None = None
         # Overflow events before any step number: each is one skipped step, so the n-th is step n.
         self._early_skips = 0
         self._last_overflow: tuple | None = None
@@ -99,7 +101,7 @@ class TextLogParser:
         start = max(line.rfind(b"{'"), line.rfind(b'{"'))
         end = line.find(b"}", start)
         if start < 0 or end < 0:
-            return None
+            return self._open_dict(line, start, line_no) if start >= 0 else None
         text = line[start : end + 1]
         if b"loss" not in text and not _SIGNAL_KEY.search(text):
             return None
@@ -147,6 +149,43 @@ class TextLogParser:
             self.guessed = record
         return record
 
+    def _open_dict(self, line: bytes, start: int, line_no: int | None) -> Record | None:
+        """A dict the line ends before closing (wrapped by the terminal, or cut): what it holds so far, a
+        provisional record; a next line that goes on with it gives the rest (`_dict_goes_on`)."""
+        text = line[start:]
+        pairs = P.HF_PAIR.findall(text)
+        if not pairs or (b"loss" not in text and not _SIGNAL_KEY.search(text)):
+            return None
+        signals, step, is_eval, _ = self._pairs(pairs, learn=False)
+        if not signals:
+            return None
+        if step is None:
+            step, ordinal, guessed = self._guess_step() if not is_eval or self.last_step is None else \
+                (self.last_step, False, False)
+        else:
+            ordinal = guessed = False
+        if not is_eval:
+            self.num_logs += 1
+            self._advance(step)
+        record = _train_record(step, signals, self.source, line_no, ordinal, EVAL if is_eval else TRAIN)
+        self.guessed = record if guessed else self.guessed
+        self.provisional = record
+        self._open = (line_no, text, record)
+        return record
+
+    def _dict_goes_on(self, line: bytes, line_no: int | None) -> Record | None:
+        """The line after an open dict, when it goes on with it: the whole dict's values at its step."""
+        opened, self._open = self._open, None
+        if line_no is None or opened[0] is None or line_no != opened[0] + 1:
+            return None
+        text = opened[1] + line.strip(b"\r")
+        if b"}" not in text:
+            self._open = (line_no, text, opened[2])  # wrapped over more lines still
+        pairs = P.HF_PAIR.findall(text[: text.find(b"}") + 1] if b"}" in text else text)
+        signals = self._pairs(pairs, learn=False)[0] if pairs else {}
+        held = self.provisional = opened[2]  # its values so far give way to the whole dict's (`merged`)
+        return _train_record(held.step, signals, self.source, line_no, held.step_is_ordinal, held.kind)
+
     def _guess_step(self) -> tuple[int, bool, bool]:
         """(step, is ordinal, guessed) of a log that names no step: one interval past the last step. It is
         an ordinal log number only while the log has shown no real step number."""
@@ -159,7 +198,7 @@ class TextLogParser:
             self._interval = step - self.last_step
         self.last_step = step
 
-    def _pairs(self, pairs: list[tuple[bytes, bytes]]) -> tuple[dict[str, float], int | None, bool, bool]:
+    def _pairs(self, pairs: list[tuple[bytes, bytes]], learn: bool = True) -> tuple[dict[str, float], int | None, bool, bool]:
         """(signals, step, is_eval, is_summary) of a dict's (key, value) pairs; learns its layout."""
         signals: dict[str, float] = {}
         step: int | None = None
@@ -184,7 +223,7 @@ class TextLogParser:
                 step = _first_int(raw_value)
             if name is not None and value is not None:
                 signals[name] = value
-        if plain:
+        if plain and learn:
             keys = tuple(key for key, _ in pairs)
             if keys not in self._layouts and len(self._layouts) < _MAX_LAYOUTS:
                 self._layouts[keys] = _Layout.of(keys)
@@ -313,6 +352,8 @@ class TextLogParser:
     # -- any other line with a loss-like name next to a number (sources/generic.py) -------------------
     def _generic(self, line: bytes, line_no: int | None) -> list[Record]:
         out: list[Record] = []
+        if self._open is not None and (rest := self._dict_goes_on(line, line_no)) is not None:
+            return [rest]
         segments = read_line(line)
         if not any(_has_signal(segment) for segment in segments) and self._header(line, line_no):
             return out
