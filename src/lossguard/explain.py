@@ -14,9 +14,12 @@ FORMATS = """\
 Formats `lossguard analyze` reads (auto-detected per file; per line inside text logs, mixed allowed):
   - HF Trainer stdout: {'loss': 0.0, 'grad_norm': nan, ...} (4.x numbers) and {'loss': '4.714', ...}
     (5.x quoted strings), inside tqdm progress lines, with multi-node host prefixes (duplicates dropped),
-    eval dicts and the final train_runtime dict
+    eval dicts and the final train_runtime dict; a dict the terminal wrapped over lines is joined; the
+    `***** train metrics *****` / `***** eval metrics *****` blocks (train_loss there is the run's average,
+    not a step's loss)
   - trainer_state.json (log_history, NaN literals), under any file name and when cut mid-file (the
-    complete entries are read); output directories with checkpoint-*: every log of the directory is read
+    complete entries are read), also its `log_history` list pasted alone (pretty-printed or inside a
+    ```json fence); output directories with checkpoint-*: every log of the directory is read
     and their numbers merged on the run's steps (a value one file shows NaN/Inf stays NaN/Inf); files,
     `-` (stdin), pipes and `<(cmd)` are each read once; lines longer than 64 KB are read by their first
     and last 32 KB (SRC001 says so)
@@ -36,16 +39,21 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     eval_loss / val_loss / valid loss as evaluation; RL reward, reward_std, kl), in the shapes tools print:
     k: v, k=v, k v, | k | v |, JSON and Python dicts (also with full-width punctuation), tqdm postfixes,
     quoted values, tensor(2.3, device=...), nan / NaN / inf. The step comes from step / iter / global_step /
-    num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]) or a `step N`
+    num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]; an epoch written
+    e/N counts from 1 unless the log shows 0/N) or a `step N`
     line above a block of metric lines (of two counters on one line, litgpt's `iter 9 step 2`, the
     first); a bare printed loss tensor counts as one step. Torchtune, Lightning (tqdm and rich bars),
     NeMo, litgpt, nanotron, fairseq, DeepSpeed-Chat, nanoGPT (`val loss` as evaluation), MLX, OpenRLHF,
-    Keras, wandb's run summary and MetricLogger logs are read this way
+    Keras, wandb's run summary (its values at the step it names; a value of no step, HF's train_loss, is
+    a summary, not a step), peft's epoch=/train_ppl=tensor(...) prints and MetricLogger logs are read this
+    way. A metric line naming no step right after a line announcing an evaluation (DeepSpeed-Chat's
+    `***** Evaluating perplexity *****` then `ppl: .., loss: ..`) is an evaluation
   - a table of steps and values pasted as text: a header row naming the columns (step, loss, Training
     Loss, Validation Loss, lr, ...), then rows of numbers; markdown (| a | b |), tab, comma or space
     separated, rows split as the header is (mlx-lm's `iter train_loss tok/s tokens` table: a trend arrow
     is decoration, 1,234 and 4.4k fill the columns not read)
-  - a log that holds only DeepSpeed loss-scaler overflow lines"""
+  - a log that holds only DeepSpeed loss-scaler overflow lines (before any step number the n-th halving is
+    step n; another rank's or host's copy of it is the same step)"""
 
 INCOMPLETE = """\
 SRC001 analysis-incomplete (warning): part of the input was not analysed, and the verdict covers only what

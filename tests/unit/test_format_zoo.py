@@ -9,7 +9,7 @@ and the onset step where the log shows it.
 import pytest
 
 from lossguard.api import analyze
-from lossguard.core.records import EVAL, TRAIN
+from lossguard.core.records import EVAL, EVENT, TRAIN
 from lossguard.sources.text_log import parse_lines
 from tests.conftest import FIXTURES
 
@@ -65,6 +65,19 @@ CASES = {
     "keras_progbar_nan_broken.log": ("broken", ("nonfinite",), 200),
     "llamafactory_dicts_gradnan_flat_broken.log": ("broken", ("nonfinite", "not-learning"), ANY),
     "megatron_core_all_skipped_broken.log": ("broken", ("fp16-overflow", "lr-zero"), ANY),
+    "deepspeed_pdsh_overflow_only_broken.log": ("broken", ("fp16-overflow",), 1),
+    "github_details_quoted_hf_dicts_healthy.log": ("healthy", ANY, ANY),
+    "github_wrapped_cut_dicts_loss0_gradnan_broken.log": ("broken", ("nonfinite-hidden",), 4),
+    "hf_train_eval_metrics_blocks_healthy.log": ("healthy", ANY, ANY),
+    "hf_dicts_nan_then_train_metrics_broken.log": ("broken", ("nonfinite",), 7),
+    "trainer_state_log_history_pasted_healthy.log": ("healthy", ANY, ANY),
+    "trainer_state_log_history_fenced_loss0_gradnan_broken.txt": ("broken", ("nonfinite-hidden",), 20),
+    "trainer_state_entries_one_per_line_healthy.log": ("healthy", ANY, ANY),
+    "peft_accelerate_epoch_ppl_tensor_healthy.log": ("healthy", ANY, ANY),
+    "peft_accelerate_epoch_ppl_tensor_nan_broken.log": ("broken", ("nonfinite",), 3),
+    "msswift3_token_acc_dicts_healthy.log": ("healthy", ANY, ANY),
+    "llamafactory_info_prefix_dicts_healthy.log": ("healthy", ANY, ANY),
+    "torchelastic_default_rank_prefix_nan_broken.log": ("broken", ("nonfinite",), 6),
 }
 
 
@@ -115,3 +128,72 @@ def test_nanogpt_eval_line_gives_the_val_loss_as_an_eval_not_a_training_loss():
 def test_a_tensorboard_csv_export_takes_its_signal_from_the_file_name():
     d = analyze([ZOO / "run-tensorboard_export_healthy-tag-train_loss.csv"])
     assert d.result.stats.num_train == 10
+
+
+def _records(name):
+    return list(parse_lines((ZOO / name).read_bytes().splitlines()))
+
+
+def test_a_run_summary_is_not_a_step():
+    # wandb's summary gives the last step's values at its `train/global_step`; HF's `train_loss` there is the
+    # run's average: an event, never one more loss after the last step.
+    records = _records("wandb_run_summary_healthy.log")
+    assert [(r.step, r.signals["loss"]) for r in records if r.kind == TRAIN] == [(900, 1.2241)]
+    assert [r.data for r in records if r.kind == EVENT and r.event == "train-summary"] == [{"loss": 1.48811}]
+
+
+def test_deepspeed_chat_perplexity_line_after_its_evaluation_header_is_an_eval():
+    records = _records("deepspeed_chat_step1_healthy.log")
+    assert [r.signals.get("eval_loss") for r in records if r.kind == EVAL] == [1.7601, 1.4354]
+    assert not any("loss" in r.signals for r in records if r.kind == TRAIN)
+
+
+def test_an_epoch_written_e_of_n_counts_from_one():
+    # ColossalAI's `Epoch [1/3]` with `20/200` iterations: the first epoch's steps are 20..200, not 220..400.
+    records = _records("colossalai_tqdm_epoch_healthy.log")
+    assert [r.step for r in records if r.kind == TRAIN] == list(range(20, 201, 20))
+    zero_based = b"Epoch [0/3]: 10%| | 20/200 [00:04<00:36, 5.01it/s, loss=2.6]\rEpoch [1/3]: 10%| | 20/200 [00:04<00:36, 5.01it/s, loss=2.5]"
+    assert [r.step for r in parse_lines([zero_based])] == [20, 220]
+
+
+def test_overflows_before_any_step_number_count_the_steps():
+    # Only OVERFLOW lines, two hosts printing each: the n-th halving is step n, another host's copy of it
+    # is the same step, so the storm has an onset.
+    steps = [r.step for r in _records("deepspeed_pdsh_overflow_only_broken.log") if r.event == "overflow"]
+    assert steps[:6] == [1, 1, 2, 2, 3, 3]
+    d = analyze([ZOO / "deepspeed_pdsh_overflow_only_broken.log"])
+    assert d.onset_step == 1
+
+
+def test_nanogpt_eval_time_train_estimate_is_not_a_second_training_record():
+    records = _records("nanogpt_iter_and_eval_lines_healthy.log")
+    train = [(r.step, r.signals["loss"]) for r in records if r.kind == TRAIN]
+    assert train == [(0, 4.21), (10, 3.71), (20, 3.21), (30, 2.71), (40, 2.21)]
+
+
+def test_a_dict_wrapped_over_two_lines_is_one_log():
+    # The terminal wrapped `{'loss': 0.0, 'grad_norm': ` / `nan, 'learning_rate': ...}`: one record with the
+    # value from the next line, not a loss record and an lr record at two steps.
+    d = analyze([ZOO / "github_wrapped_cut_dicts_loss0_gradnan_broken.log"])
+    assert d.result.stats.num_train == 10
+    records = _records("github_wrapped_cut_dicts_loss0_gradnan_broken.log")
+    assert records[0].signals == {"loss": 1.87, "grad_norm": 0.91, "lr": 9.98e-05, "epoch": 0.02}
+    # Wrapped inside a number, over three lines: the joined value stands, not the first line's `1.2`.
+    (record,) = parse_lines([b"{'loss': 1.2", b"345, 'grad_norm': 0.5, 'learning_r", b"ate': 1e-05, 'epoch': 0.1}"])
+    assert record.signals == {"loss": 1.2345, "grad_norm": 0.5, "lr": 1e-05, "epoch": 0.1}
+
+
+def test_a_pasted_log_history_reads_one_record_per_entry():
+    # Pretty-printed entries (`"loss": 2.3,` then `"step": 10` on lines of their own), in a fence or cut.
+    for name, steps in (("trainer_state_log_history_pasted_healthy.log", list(range(25, 201, 25))),
+                        ("trainer_state_log_history_fenced_loss0_gradnan_broken.txt", list(range(5, 41, 5)))):
+        d = analyze([ZOO / name])
+        assert d.result.stats.num_train == len(steps), name
+        assert (d.result.stats.first_step, d.result.stats.last_step) == (steps[0], steps[-1]), name
+
+
+def test_hf_metrics_blocks_are_summaries_and_evals_not_steps():
+    records = _records("hf_train_eval_metrics_blocks_healthy.log")
+    assert [r.step for r in records if r.kind == TRAIN] == list(range(1, 11))
+    assert [r.event for r in records if r.kind == EVENT] == ["train-summary", "train-summary"]
+    assert [(r.step, r.signals["eval_loss"]) for r in records if r.kind == EVAL] == [(10, 0.7702)]

@@ -86,17 +86,20 @@ class Segment:
     step: int | None = None
     counter: tuple[int, int] | None = None
     epoch: int | None = None
+    epochs: int | None = None  # N of an epoch written `e/N` (`Epoch [1/3]`): such an epoch may count from 1
     loss_rank: int = 9
     is_eval: bool = False
     names: set[bytes] = field(default_factory=set)
 
-    def resolved_step(self) -> int | None:
+    def resolved_step(self, first_epoch: int = 0) -> int | None:
+        """The step the segment names, or its counter within its epoch placed after the epochs before it
+        (`first_epoch`: the number the log gives its first epoch, 1 for ColossalAI's `Epoch [1/3]`)."""
         if self.step is not None:
             return self.step
         if self.counter is None:
             return None
         index, total = self.counter
-        return index if self.epoch is None else self.epoch * total + index
+        return index if self.epoch is None else max(self.epoch - first_epoch, 0) * total + index
 
 
 def read_line(line: bytes) -> list[Segment]:
@@ -164,6 +167,7 @@ def _add(segment: Segment, role: int, name: str | None, rank: int, value: float,
     elif role == _EPOCH:
         if value.is_integer() and segment.epoch is None:  # `Epoch: [1] [1480/1504]`, `Epoch 4/150`
             segment.epoch = int(value)
+            segment.epochs = int(of_total) if of_total is not None else None
         segment.signals.setdefault("epoch", value)
     elif role == _LOSS:
         if rank < segment.loss_rank:

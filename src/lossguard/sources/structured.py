@@ -79,12 +79,14 @@ class TrainerStateSource:
     name = "trainer_state"
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        return b'"log_history"' in head and head.lstrip()[:1] == b"{"
+        if b'"log_history"' in head and head.lstrip()[:1] == b"{":
+            return True
+        return _pasted_json(head) is not None
 
     def parse(self, path: Path) -> Iterator[Record]:
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
-            state = JSON.decode(text)
+            state = JSON.decode(_unfenced(text))
         except JSON_ERRORS as exc:
             history = _complete_entries(text)
             if not history:
@@ -94,10 +96,35 @@ class TrainerStateSource:
                                   "point lossguard at a complete trainer_state.json or at the run's stdout "
                                   "log") from None
         else:
-            history = state.get("log_history") if isinstance(state, dict) else None
+            history = state.get("log_history", [state] if _step_of(state) is not None else None) \
+                if isinstance(state, dict) else state
         if not isinstance(history, list):
             raise SourceError(f"{path}: no `log_history` list in this trainer_state.json")
         yield from rows_to_records(((None, row) for row in history), path.name)
+
+
+# What a pasted `log_history` starts with (after blank lines and a markdown fence): the key itself, or a JSON
+# list or object whose `{` is alone on its line (written with indent=2, one key per line).
+_HISTORY_START = re.compile(rb'\s*(?:```\w*\s*\n\s*)?(?:"log_history"\s*:|\[\s*\n|\[?\s*\{\s*\n)')
+
+
+def _pasted_json(head: bytes) -> re.Match | None:
+    """trainer_state.json, or its `log_history` pasted as a JSON list, pretty-printed or cut (the lines of one
+    entry, `"loss": 2.3,` then `"step": 10`, mean something only together)."""
+    match = _HISTORY_START.match(head)
+    if match is None:
+        return None
+    first_entry = head[: head.find(b"}", match.end())]  # (the whole head if no entry closes in it)
+    return match if b'"log_history"' in head or b'"step":' in first_entry else None
+
+
+def _unfenced(text: str) -> str:
+    """The JSON of a paste inside a markdown code fence (```json ... ```)."""
+    stripped = text.strip()
+    if stripped.startswith("```"):
+        stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
+        stripped = stripped.rsplit("```", 1)[0]
+    return stripped
 
 
 def _complete_entries(text: str) -> list[dict]:

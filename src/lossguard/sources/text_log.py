@@ -23,6 +23,11 @@ from lossguard.sources.generic import STEP_NAMES, read_line
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines
 
 _DEDUPE_WINDOW = 256
+# Lines that open a block of the run's final values: wandb's `Run summary:`, HF's `***** train metrics *****`.
+SUMMARY_HEADER = re.compile(rb"Run summary:|\*{3,} *\w+ metrics *\*{3,}")
+_SUMMARY_GAP = 40  # lines: a summary block is short, what comes that much later is not in it
+# A line announcing an evaluation, with no metric on it: `***** Evaluating perplexity, Epoch 1/1 *****`.
+EVAL_HEADER = re.compile(rb"(?i)(?<![\w/])(?:evaluat(?:e|es|ing|ion)|validat(?:e|ing|ion))(?![\w/])")
 # A log dict is a metrics log when it names one of these (`loss` first: nearly every one does).
 _SIGNAL_KEY = re.compile(rb"(?i)loss|grad_norm|learning.rate|eval_|train_runtime|lr")
 _QUOTES = (b"'", b'"')
@@ -53,6 +58,21 @@ class TextLogParser:
         # The last record whose step was estimated (no counter on its line): a DeepSpeed `step=` line
         # next to it gives its real step (see `records`).
         self.guessed: Record | None = None
+        # The last train record that is an estimate made at an evaluation (nanoGPT's `step N: train loss X,
+        # val loss Y`): the step's own record after it gives the values (see `merged`).
+        self.provisional: Record | None = None
+        # A log dict the last line left open (line number, its text so far, its record): see `_open_dict`.
+        self._open: tuple[int | None, bytes, Record] | None = None
+        # Overflow events before any step number: each is one skipped step, so the n-th is step n.
+        self._early_skips = 0
+        self._last_overflow: tuple | None = None
+        self._epochs_from_zero = False  # an epoch written `0/N` was seen: `e/N` epochs count from 0
+        # A line announcing an evaluation (`***** Evaluating perplexity *****`) and the last step then: the
+        # next metric line naming no step, at that same step, is the evaluation's result.
+        self._eval_header: tuple[int | None] | None = None
+        # Inside a run summary block (`wandb: Run summary:`, `***** train metrics *****`): the line number of
+        # its last line. Its values describe the run's end, not a step of their own.
+        self._summary_line: int | None = None
 
     # -- entry point ---------------------------------------------------------------------------------
     def parse_line(self, line: bytes, line_no: int | None = None) -> list[Record]:
@@ -81,7 +101,7 @@ class TextLogParser:
         start = max(line.rfind(b"{'"), line.rfind(b'{"'))
         end = line.find(b"}", start)
         if start < 0 or end < 0:
-            return None
+            return self._open_dict(line, start, line_no) if start >= 0 else None
         text = line[start : end + 1]
         if b"loss" not in text and not _SIGNAL_KEY.search(text):
             return None
@@ -129,6 +149,43 @@ class TextLogParser:
             self.guessed = record
         return record
 
+    def _open_dict(self, line: bytes, start: int, line_no: int | None) -> Record | None:
+        """A dict the line ends before closing (wrapped by the terminal, or cut): what it holds so far, a
+        provisional record; a next line that goes on with it gives the rest (`_dict_goes_on`)."""
+        text = line[start:]
+        pairs = P.HF_PAIR.findall(text)
+        if not pairs or (b"loss" not in text and not _SIGNAL_KEY.search(text)):
+            return None
+        signals, step, is_eval, _ = self._pairs(pairs, learn=False)
+        if not signals:
+            return None
+        if step is None:
+            step, ordinal, guessed = self._guess_step() if not is_eval or self.last_step is None else \
+                (self.last_step, False, False)
+        else:
+            ordinal = guessed = False
+        if not is_eval:
+            self.num_logs += 1
+            self._advance(step)
+        record = _train_record(step, signals, self.source, line_no, ordinal, EVAL if is_eval else TRAIN)
+        self.guessed = record if guessed else self.guessed
+        self.provisional = record
+        self._open = (line_no, text, record)
+        return record
+
+    def _dict_goes_on(self, line: bytes, line_no: int | None) -> Record | None:
+        """The line after an open dict, when it goes on with it: the whole dict's values at its step."""
+        opened, self._open = self._open, None
+        if line_no is None or opened[0] is None or line_no != opened[0] + 1:
+            return None
+        text = opened[1] + line.strip(b"\r")
+        if b"}" not in text:
+            self._open = (line_no, text, opened[2])  # wrapped over more lines still
+        pairs = P.HF_PAIR.findall(text[: text.find(b"}") + 1] if b"}" in text else text)
+        signals = self._pairs(pairs, learn=False)[0] if pairs else {}
+        held = self.provisional = opened[2]  # its values so far give way to the whole dict's (`merged`)
+        return _train_record(held.step, signals, self.source, line_no, held.step_is_ordinal, held.kind)
+
     def _guess_step(self) -> tuple[int, bool, bool]:
         """(step, is ordinal, guessed) of a log that names no step: one interval past the last step. It is
         an ordinal log number only while the log has shown no real step number."""
@@ -141,7 +198,7 @@ class TextLogParser:
             self._interval = step - self.last_step
         self.last_step = step
 
-    def _pairs(self, pairs: list[tuple[bytes, bytes]]) -> tuple[dict[str, float], int | None, bool, bool]:
+    def _pairs(self, pairs: list[tuple[bytes, bytes]], learn: bool = True) -> tuple[dict[str, float], int | None, bool, bool]:
         """(signals, step, is_eval, is_summary) of a dict's (key, value) pairs; learns its layout."""
         signals: dict[str, float] = {}
         step: int | None = None
@@ -166,7 +223,7 @@ class TextLogParser:
                 step = _first_int(raw_value)
             if name is not None and value is not None:
                 signals[name] = value
-        if plain:
+        if plain and learn:
             keys = tuple(key for key, _ in pairs)
             if keys not in self._layouts and len(self._layouts) < _MAX_LAYOUTS:
                 self._layouts[keys] = _Layout.of(keys)
@@ -191,9 +248,22 @@ class TextLogParser:
             data = {"count": _int(groups[0].replace(",", ""))}
         elif name == "nonfinite-detected":
             data = {"batch": _int(groups[0])}
-        # An event belongs to the step being taken: one past the last logged step.
-        step = None if self.last_step is None else self.last_step + 1
+        # An event belongs to the step being taken: one past the last logged step. Before any step number
+        # an overflow is the log's own count of steps (each one skipped); other events follow that count.
+        if self.last_step is not None:
+            step = self.last_step + 1
+        else:
+            self._early_skips += name == "overflow" and not self._copy_of_last_overflow(data)
+            step = self._early_skips or None
         return Record(step=step, kind=EVENT, event=name, data=data, source=self.source, line_no=line_no)
+
+    def _copy_of_last_overflow(self, data: dict) -> bool:
+        """The same halving as the overflow before it (`65536, reducing to 32768` again): one scaler never
+        halves from one scale twice in a row, so this is another rank's or host's line of that step."""
+        scales = (data.get("attempted_scale"), data.get("new_scale"))
+        copy = scales == self._last_overflow and scales[0] != scales[1]
+        self._last_overflow = scales
+        return copy
 
     # -- DeepSpeed engine progress ---------------------------------------------------------------------
     def _ds_step(self, line: bytes, line_no: int | None) -> list[Record]:
@@ -270,31 +340,69 @@ class TextLogParser:
         rank = _int(match.group(1).decode()) if match.group(1) else None
         step = int(match.group(2))
         out = []
+        if evaluated:
+            out.append(Record(step=step, rank=rank, signals=evaluated, kind=EVAL, source=self.source, line_no=line_no))
         if signals:
             self.last_step = step if self.last_step is None else max(self.last_step, step)
             out.append(Record(step=step, rank=rank, signals=signals, source=self.source, line_no=line_no))
-        if evaluated:
-            out.append(Record(step=step, rank=rank, signals=evaluated, kind=EVAL, source=self.source, line_no=line_no))
+            if evaluated:  # `train loss X, val loss Y`: both estimated at the evaluation, X is no step's loss
+                self.provisional = out[-1]
         return out
 
     # -- any other line with a loss-like name next to a number (sources/generic.py) -------------------
     def _generic(self, line: bytes, line_no: int | None) -> list[Record]:
         out: list[Record] = []
-        for segment in read_line(line):
-            signals, step = segment.signals, segment.resolved_step()
+        if self._open is not None and (rest := self._dict_goes_on(line, line_no)) is not None:
+            return [rest]
+        segments = read_line(line)
+        if not any(_has_signal(segment) for segment in segments) and self._header(line, line_no):
+            return out
+        self._summary_ends(segments, line_no)
+        for segment in segments:
+            signals, step = segment.signals, segment.resolved_step(self._first_epoch(segment))
             if segment.is_eval and "loss" in signals:
                 signals["eval_loss"] = signals.pop("loss")
             elif "loss" in signals:
                 signals.pop("eval_loss", None)  # a progress bar's stale validation value
-            if len(signals) - ("epoch" in signals) == 0:
+            if not _has_signal(segment):
                 if step is not None:  # `step 50 token 250m`: the metric lines below are at step 50
                     self._real_steps = True
                     self._context_step, self._context_keys = step, set()
                 continue
+            header, self._eval_header = self._eval_header, None
+            if step is None and header is not None and header[0] == self.last_step and "loss" in signals:
+                signals["eval_loss"] = signals.pop("loss")  # DeepSpeed-Chat's `ppl: 5.8, loss: 1.76`
             kind = TRAIN if "eval_loss" not in signals else EVAL
             record = self._generic_record(step, signals, kind, line_no)
             out.append(record)
         return out
+
+    def _header(self, line: bytes, line_no: int | None) -> bool:
+        """A line that opens a run summary block or announces an evaluation, noted; True if it is one."""
+        if SUMMARY_HEADER.search(line):
+            self._summary_line = line_no if line_no is not None else 0
+            self._context_step, self._context_keys = None, set()
+            return True
+        if EVAL_HEADER.search(line):
+            self._eval_header = (self.last_step,)
+            return True
+        return False
+
+    def _summary_ends(self, segments: list, line_no: int | None) -> None:
+        """A summary block is rows of one name and one value; another metric line, or a gap, ends it."""
+        if self._summary_line is None or not segments:
+            return
+        row = len(segments) == 1 and len(segments[0].signals) <= 1 and segments[0].counter is None
+        near = line_no is not None and line_no - self._summary_line <= _SUMMARY_GAP
+        self._summary_line = line_no if row and near else None
+
+    def _first_epoch(self, segment) -> int:
+        """The number the log gives its first epoch: an epoch written `e/N` counts from 1 (`Epoch [1/3]`,
+        `Epoch 3/3` the last), unless the log shows an epoch 0 of that form."""
+        if segment.epochs is None:
+            return 0
+        self._epochs_from_zero = self._epochs_from_zero or segment.epoch == 0
+        return 0 if self._epochs_from_zero else 1
 
     def _generic_record(self, step: int | None, signals: dict[str, float], kind: str, line_no: int | None) -> Record:
         ordinal = guessed = False
@@ -304,6 +412,10 @@ class TextLogParser:
         elif self._context_step is not None and not self._context_keys & signals.keys():
             step = self._context_step
             self._context_keys |= signals.keys()
+        elif self._summary_line is not None and kind == TRAIN and self.num_logs:
+            # A run summary's value of no step (HF's `train_loss`, the run's average): not a step's loss.
+            return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
+                          source=self.source, line_no=line_no)
         elif kind == EVAL and self.last_step is not None:
             step = self.last_step
         elif self._real_steps and self.last_step is not None:
@@ -316,6 +428,8 @@ class TextLogParser:
         record = _train_record(step, signals, self.source, line_no, ordinal, kind)
         if guessed:
             self.guessed = record
+        if self._summary_line is not None and kind == TRAIN:  # the block's other values are of this record
+            self._context_step, self._context_keys = step, set(signals)
         return record
 
     # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
@@ -424,6 +538,11 @@ def _train_record(step: int, signals: dict[str, float], source: str, line_no: in
     return Record(step, None, signals, kind, None, {}, source, line_no, ordinal)
 
 
+def _has_signal(segment) -> bool:
+    """A segment that holds a signal other than the epoch (not only a step or an epoch counter)."""
+    return len(segment.signals) > ("epoch" in segment.signals)
+
+
 def _first_int(raw: bytes) -> int | None:
     digits = raw.strip(b"'\" ").split(b"/")[0]
     return int(digits) if digits.isdigit() else None
@@ -447,6 +566,11 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
     for line_no, line in lines:
         for record in parse(line, line_no):
             guessed = record is parser.guessed
+            if held is not None and held is parser.provisional:
+                parser.provisional = None
+                if record.step == held.step and record.kind == held.kind and record.rank == held.rank:
+                    held.signals.update(record.signals)  # the step's own values replace the estimate
+                    continue
             if held is not None:
                 if _merge(held, held_guessed, record, guessed):
                     held_guessed = held_guessed and guessed
