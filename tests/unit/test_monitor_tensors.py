@@ -59,3 +59,19 @@ def test_update_ratio_per_group_is_the_sampled_relative_change():
     for group in ("head", "1"):
         assert ratios[group] == pytest.approx(expected(group), rel=1e-5)
     assert sampler.ratios() is None  # one snapshot, one comparison
+
+
+def test_a_kept_sample_is_the_next_snapshot():
+    """Fingerprints every step: the sample `ratios` takes is the next step's snapshot (no second read)."""
+    net = model()
+    named = list(net.named_parameters())
+    groups, assign = tensors.assign_groups(named, None)
+    sampler = tensors.UpdateSampler(named, groups, assign, sample_size=100)
+    assert sampler.ratios(keep=True) is None  # nothing to compare with yet: this sample starts one
+    with torch.no_grad():
+        net[1].weight.mul_(2.0)
+        net[1].bias.mul_(2.0)  # the whole group doubles: it moved by all of itself
+    first = dict(zip(groups, (r.item() for r in sampler.ratios(keep=True))))
+    assert first["1"] == pytest.approx(1.0) and first["0"] == 0.0
+    second = dict(zip(groups, (r.item() for r in sampler.ratios(keep=True))))
+    assert second["1"] == 0.0  # measured from the kept sample, after the doubling

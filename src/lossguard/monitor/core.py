@@ -138,7 +138,7 @@ class Monitor:
             hits = should_halt(self.rules, found)
         except Exception as exc:
             self._fail(exc, "analysis")
-        if self._scheduled(step + 1):
+        if self._scheduled(step + 1) and not self._scheduled(step):  # else `ratios` kept this step's sample
             try:
                 self.updates.snapshot()
             except Exception as exc:
@@ -238,7 +238,7 @@ class Monitor:
             values.num_label_tokens, values.min_label_tokens = stacked.sum(), stacked.min()
         if self._scheduled(step):
             values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas
-            values.update_ratios = self.updates.ratios()
+            values.update_ratios = self.updates.ratios(keep=self._scheduled(step + 1))
         return values
 
     def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:

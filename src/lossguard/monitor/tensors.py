@@ -180,11 +180,14 @@ class UpdateSampler:
     def snapshot(self) -> None:
         self.saved = self._sample()  # a new tensor: torch.cat copies
 
-    def ratios(self) -> list[torch.Tensor] | None:
-        if self.saved is None:
+    def ratios(self, keep: bool = False) -> list[torch.Tensor] | None:
+        """Per group, the change since the snapshot. `keep`: the sample taken now is the next snapshot (the
+        weights do not move before the next step: a second sample would read the same values)."""
+        if self.saved is None:  # no snapshot to compare with (a resumed run's first step): start one
+            self.saved = self._sample() if keep else None
             return None
         now, old = self._sample(), self.saved
-        self.saved = None
+        self.saved = now if keep else None
         if not self.items:
             return []
         sizes = [min(_partition(param).numel(), self.sample_size) for _, param in self.items]
