@@ -72,6 +72,10 @@ def run(out_dir: str, name: str) -> None:
     gathers = _count_gathered_parameters() if fault == "healthy-count-gathers" else None
     paths = {"detail_every_step_up_to": 0, "fingerprint_every": FAULT_STEP + 1} if summary_path else \
         {"fingerprint_every": 1}
+    if fault == "nan-bf16-snapshot-fails":
+        # The snapshot is the rank-local work after the halt decision when the NEXT step is a fingerprint step
+        # and this one is not (with prints every step the ratios' own sample is kept as the snapshot instead).
+        paths["fingerprint_every"] = FAULT_STEP + 1
     guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="warning",
                              halt_checkpoint_dir=ckpt, detectors=None, **paths)
     current = {"step": 0}
