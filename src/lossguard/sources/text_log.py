@@ -31,6 +31,8 @@ EVAL_HEADER = re.compile(rb"(?i)(?<![\w/])(?:evaluat(?:e|es|ing|ion)|validat(?:e
 # A log dict is a metrics log when it names one of these (`loss` first: nearly every one does).
 _SIGNAL_KEY = re.compile(rb"(?i)loss|grad_norm|learning.rate|eval_|train_runtime|lr")
 _QUOTES = (b"'", b'"')
+# Terminal colour / style codes (rich, loguru, colorlog consoles copied with them): `\x1b[32m2.31\x1b[0m`.
+_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 # `_hf_dict`'s answer for a repeat of a recent dict (another node's copy): read, nothing to emit.
 _DUPLICATE = Record(None)
 
@@ -52,9 +54,10 @@ class TextLogParser:
         self._real_steps = False  # a step number was read from the log (not counted)
         self._last_ds_step: int | None = None
         # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and
-        # the signals already placed there: a second value of one of them belongs to a later step.
+        # the values already placed there: a second value of one of them belongs to a later step, the
+        # same value again is another node's copy of the line.
         self._context_step: int | None = None
-        self._context_keys: set[str] = set()
+        self._context_values: dict[str, float] = {}
         # The last record whose step was estimated (no counter on its line): a DeepSpeed `step=` line
         # next to it gives its real step (see `records`).
         self.guessed: Record | None = None
@@ -77,6 +80,8 @@ class TextLogParser:
     # -- entry point ---------------------------------------------------------------------------------
     def parse_line(self, line: bytes, line_no: int | None = None) -> list[Record]:
         out: list[Record] = []
+        if b"\x1b[" in line:  # colour codes split names from numbers: read the line as it would print
+            line = _ANSI.sub(b"", line)
         if b"{" in line and (b"{'" in line or b'{"' in line):
             record = self._hf_dict(line, line_no)
             if record is not None:
@@ -367,8 +372,10 @@ class TextLogParser:
             if not _has_signal(segment):
                 if step is not None:  # `step 50 token 250m`: the metric lines below are at step 50
                     self._real_steps = True
-                    self._context_step, self._context_keys = step, set()
+                    self._context_step, self._context_values = step, {}
                 continue
+            if step is None and self._context_step is not None and _seen(signals, self._context_values):
+                continue  # a copy of a line this step's block already gave (`log_on_each_node`, a host's echo)
             header, self._eval_header = self._eval_header, None
             if step is None and header is not None and header[0] == self.last_step and "loss" in signals:
                 signals["eval_loss"] = signals.pop("loss")  # DeepSpeed-Chat's `ppl: 5.8, loss: 1.76`
@@ -381,7 +388,7 @@ class TextLogParser:
         """A line that opens a run summary block or announces an evaluation, noted; True if it is one."""
         if SUMMARY_HEADER.search(line):
             self._summary_line = line_no if line_no is not None else 0
-            self._context_step, self._context_keys = None, set()
+            self._context_step, self._context_values = None, {}
             return True
         if EVAL_HEADER.search(line):
             self._eval_header = (self.last_step,)
@@ -408,10 +415,10 @@ class TextLogParser:
         ordinal = guessed = False
         if step is not None:
             self._real_steps = True
-            self._context_step, self._context_keys = step, set(signals)
-        elif self._context_step is not None and not self._context_keys & signals.keys():
+            self._context_step, self._context_values = step, dict(signals)
+        elif self._context_step is not None and not self._context_values.keys() & signals.keys():
             step = self._context_step
-            self._context_keys |= signals.keys()
+            self._context_values.update(signals)
         elif self._summary_line is not None and kind == TRAIN and self.num_logs:
             # A run summary's value of no step (HF's `train_loss`, the run's average): not a step's loss.
             return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
@@ -429,7 +436,7 @@ class TextLogParser:
         if guessed:
             self.guessed = record
         if self._summary_line is not None and kind == TRAIN:  # the block's other values are of this record
-            self._context_step, self._context_keys = step, set(signals)
+            self._context_step, self._context_values = step, dict(signals)
         return record
 
     # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
@@ -536,6 +543,12 @@ def _train_record(step: int, signals: dict[str, float], source: str, line_no: in
                   kind: str = TRAIN) -> Record:
     """A numbers record, built with positional arguments: half the cost of keywords, once per log line."""
     return Record(step, None, signals, kind, None, {}, source, line_no, ordinal)
+
+
+def _seen(signals: dict[str, float], seen: dict[str, float]) -> bool:
+    """Every value of `signals` is already in `seen` (a NaN matches a NaN): the line is a copy."""
+    return all(name in seen and (seen[name] == value or value != value and seen[name] != seen[name])
+               for name, value in signals.items())
 
 
 def _has_signal(segment) -> bool:
