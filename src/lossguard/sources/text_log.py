@@ -20,7 +20,7 @@ from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.ds_facts import facts_from_line
 from lossguard.sources.generic import STEP_NAMES, read_line
-from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines
+from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
 
 _DEDUPE_WINDOW = 256
 # Lines that open a block of the run's final values: wandb's `Run summary:`, HF's `***** train metrics *****`.
@@ -31,8 +31,6 @@ EVAL_HEADER = re.compile(rb"(?i)(?<![\w/])(?:evaluat(?:e|es|ing|ion)|validat(?:e
 # A log dict is a metrics log when it names one of these (`loss` first: nearly every one does).
 _SIGNAL_KEY = re.compile(rb"(?i)loss|grad_norm|learning.rate|eval_|train_runtime|lr")
 _QUOTES = (b"'", b'"')
-# Terminal colour / style codes (rich, loguru, colorlog consoles copied with them): `\x1b[32m2.31\x1b[0m`.
-_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 # `_hf_dict`'s answer for a repeat of a recent dict (another node's copy): read, nothing to emit.
 _DUPLICATE = Record(None)
 
@@ -80,8 +78,6 @@ class TextLogParser:
     # -- entry point ---------------------------------------------------------------------------------
     def parse_line(self, line: bytes, line_no: int | None = None) -> list[Record]:
         out: list[Record] = []
-        if b"\x1b[" in line:  # colour codes split names from numbers: read the line as it would print
-            line = _ANSI.sub(b"", line)
         if b"{" in line and (b"{'" in line or b'{"' in line):
             record = self._hf_dict(line, line_no)
             if record is not None:
@@ -638,7 +634,7 @@ def parse_file(path: Path, counts: ScanCounts | None = None) -> Iterator[Record]
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
     """For callers that already have lines (tests, tools): same parser, no chunking."""
-    yield from merged(TextLogParser(source), enumerate(lines, 1))
+    yield from merged(TextLogParser(source), ((n, uncoloured(line)) for n, line in enumerate(lines, 1)))
 
 
 # Control bytes no log writes (tab, newline, CR, form feed, ESC of colours are fine).
