@@ -7,14 +7,20 @@ and a labels.json at the top that gives, per case id, the accepted verdicts, the
 verdict, signature and cause accuracy, how many healthy runs were called broken, how many logs were
 refused (exit 2), and each miss with what was expected.
 
-    python bench/real_logs.py [--root ../shared/reallogs] [--json]
+With --variants it also runs every case through each meaning-preserving rewrite of bench/log_variants.py
+(prefixes, paste remnants, CRLF, colour codes, noise lines, a cut head, per-node copies, HF quoting) and
+prints, per rewrite, how many variant runs keep an accepted verdict and signature (and the top cause).
+
+    python bench/real_logs.py [--root ../shared/reallogs] [--json] [--variants]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,6 +85,84 @@ def score_all(root: Path) -> list[Outcome]:
     return [score_case(d, labels[case_id(d)]) for d in case_dirs(root) if case_id(d) in labels]
 
 
+def evidence_start(log: Path, outcome: Outcome) -> int | None:
+    """The first line of the evidence for what the whole log shows: the shortest head that gets the same
+    broken verdict and signature ends the evidence, and the latest line from which that head still gets it
+    starts it. None for a log not called broken (no evidence to keep)."""
+    return None if outcome.verdict != "broken" else _evidence_start(log, outcome.signature)
+
+
+@functools.cache  # one search per log, not one per cut share
+def _evidence_start(log: Path, signature: str | None) -> int:
+    outcome = Outcome(log.parent.name, verdict="broken", signature=signature)
+    lines = log.read_text(errors="replace").splitlines()
+    with tempfile.TemporaryDirectory() as tmp:
+        part = Path(tmp) / log.name
+        end = next((n for n in range(1, len(lines) + 1) if _shows(part, lines[:n], outcome)), len(lines))
+        return next((s for s in range(end - 1, -1, -1) if _shows(part, lines[s:end], outcome)), 0)
+
+
+def _shows(path: Path, lines: list[str], outcome: Outcome) -> bool:
+    from lossguard.api import analyze
+    from lossguard.sources.base import SourceError
+
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        result = analyze([str(path)])
+    except SourceError:
+        return False
+    return result.verdict == "broken" and result.signature == outcome.signature
+
+
+def variant_transform(name: str, log: Path, outcome: Outcome):
+    import log_variants
+
+    if name in log_variants.DROP_SHARES:
+        return log_variants.drop_head(log_variants.DROP_SHARES[name], evidence_start(log, outcome))
+    return log_variants.TRANSFORMS[name]
+
+
+def score_variant(case_dir: Path, label: dict, name: str, original: Outcome) -> Outcome | None:
+    """The case scored on its logs rewritten by transformation `name`; None where it does not apply."""
+    with tempfile.TemporaryDirectory() as tmp:
+        variant_dir = Path(tmp) / case_dir.name
+        variant_dir.mkdir()
+        applied = False
+        for log in log_files(case_dir):
+            text = log.read_bytes().decode("utf-8", errors="replace")
+            rewritten = variant_transform(name, log, original)(text)
+            applied |= rewritten is not None
+            (variant_dir / log.name).write_bytes((text if rewritten is None else rewritten).encode())
+        return score_case(variant_dir, label) if applied else None
+
+
+def score_variants(root: Path, outcomes: list[Outcome]) -> dict[str, list[Outcome | None]]:
+    import log_variants
+
+    labels = json.loads((root / "labels.json").read_text())
+    by_case = {o.case: o for o in outcomes}
+    dirs = [d for d in case_dirs(root) if case_id(d) in labels]
+    return {name: [score_variant(d, labels[case_id(d)], name, by_case[d.name]) for d in dirs]
+            for name in log_variants.NAMES}
+
+
+def print_variants(variants: dict[str, list[Outcome | None]]) -> None:
+    print("variants (verdict+signature kept / runs; all three kept; skipped where the rewrite would change "
+          "what the log says):")
+    misses = []
+    for name, runs in variants.items():
+        ran = [o for o in runs if o is not None]
+        kept = sum(o.verdict_ok and o.signature_ok for o in ran)
+        print(f"  {name:12s}: {kept:3d}/{len(ran):3d} kept, {sum(o.passed for o in ran):3d} all three, "
+              f"{len(runs) - len(ran):3d} skipped")
+        misses += [(name, o) for o in ran if not (o.verdict_ok and o.signature_ok)]
+    print(f"  total       : {sum(o.verdict_ok and o.signature_ok for _, runs in [(0, [o for r in variants.values() for o in r if o])] for o in runs)}"
+          f"/{sum(o is not None for r in variants.values() for o in r)} kept")
+    for name, o in misses:
+        got = f"REFUSED: {o.refusal}" if o.verdict is None else f"{o.verdict}/{o.signature}"
+        print(f"  miss {name:12s} {o.case}: got {got}")
+
+
 def _is_healthy_only(label: dict) -> bool:
     return "healthy" in label.get("verdict", []) and "broken" not in label.get("verdict", [])
 
@@ -114,16 +198,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=DEFAULT_SET)
     parser.add_argument("--json", action="store_true", help="one JSON object per case instead of the table")
+    parser.add_argument("--variants", action="store_true",
+                        help="also score every case under each meaning-preserving rewrite (bench/log_variants.py)")
     args = parser.parse_args()
     if not (args.root / "labels.json").exists():
         sys.exit(f"{args.root}: no labels.json here; pass --root DIR of a real-log set")
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "bench"))
     outcomes = score_all(args.root)
     if args.json:
         for o in outcomes:
             print(json.dumps({**asdict(o), "passed": o.passed}))
     else:
         print_table(outcomes)
+    if args.variants:
+        print_variants(score_variants(args.root, outcomes))
 
 
 if __name__ == "__main__":

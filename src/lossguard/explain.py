@@ -53,7 +53,11 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     separated, rows split as the header is (mlx-lm's `iter train_loss tok/s tokens` table: a trend arrow
     is decoration, 1,234 and 4.4k fill the columns not read)
   - a log that holds only DeepSpeed loss-scaler overflow lines (before any step number the n-th halving is
-    step n; another rank's or host's copy of it is the same step)"""
+    step n; another rank's or host's copy of it is the same step)
+  - however it was captured or pasted: terminal colour codes, CRLF, trailing spaces, tabs after `key:`,
+    launcher / logger prefixes on every line ([rank0]:, [default0]:, 0: , 10.0.0.1: , a timestamp and level,
+    also before a bare printed tensor), GitHub fences / quotes / <details>, noise lines between metric lines,
+    and each node's copy of a line (inside a `step N` block, the same value again is a copy, not a step)"""
 
 INCOMPLETE = """\
 SRC001 analysis-incomplete (warning): part of the input was not analysed, and the verdict covers only what

@@ -134,3 +134,29 @@ def test_trainer_state_cut_mid_file_under_any_name(tmp_path):
                    '    {"eval_loss": 1.2, "step": 10},\n    {"loss": 1.4, "step": 20},\n    {"loss": 1.')
     recs = list(records(discover([str(log)])))
     assert [(r.kind, r.step) for r in recs] == [(TRAIN, 10), (EVAL, 10), (TRAIN, 20)]
+
+
+def test_a_printed_loss_tensor_behind_a_launcher_logger_or_paste_prefix_is_the_loss():
+    prefixes = ("", "[rank0]:", "[default0]:", "0: ", "10.0.0.1: ", "node-3: ", "> ",
+                "2024-05-01 10:00:00,123 - INFO - ")
+    for prefix in prefixes:
+        recs = parse(f"{prefix}tensor(3.2207, device='cuda:0')\n{prefix}tensor(nan, device='cuda:0')\n")
+        assert [r.signals["loss"] for r in recs][0] == 3.2207 and math.isnan(recs[1].signals["loss"]), prefix
+
+
+def test_a_tensor_after_a_name_that_is_no_loss_stays_no_loss():
+    # `reward: tensor(...)` is a reward, `advantages tensor(...)` nothing the reader knows: neither is a loss.
+    assert all("loss" not in r.signals for r in parse("reward: tensor(0.5)\nadvantages tensor(0.3)\n"))
+
+
+def test_a_copy_of_a_line_in_a_step_block_is_no_later_step():
+    # Every metric line printed twice (each node's copy, with or without its host prefix): still one step.
+    block = "step 1 token 5m\ntrain/loss 5.5\ntrain/learning_rate 0.0000\nstep 50 token 250m\ntrain/loss 2.2\n"
+    for first, second in (("", ""), ("10.0.0.1: ", "10.0.0.2: ")):
+        doubled = "".join(f"{first}{line}\n{second}{line}\n" for line in block.splitlines())
+        assert losses(parse(doubled)) == [(1, 5.5), (50, 2.2)]
+
+
+def test_a_new_value_of_a_name_in_a_step_block_is_still_the_next_step():
+    # The copy rule takes only repeats of the same value: a second, different loss is a later step.
+    assert losses(parse("step 1 token 5m\ntrain/loss 5.5\ntrain/loss 5.1\n")) == [(1, 5.5), (2, 5.1)]

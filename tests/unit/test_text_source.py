@@ -189,3 +189,17 @@ def test_the_anchor_trie_finds_exactly_the_lines_that_hold_an_anchor_string():
     held = [any(a in line for a in anchors) for line in lines]
     assert sum(held) > 1000
     assert [P.ANCHORS.search(line) is not None for line in lines] == held
+
+
+def test_colour_codes_around_names_and_numbers_are_read_through():
+    # rich / loguru consoles: a code can split an anchor (`step `) and a name from its number.
+    esc = "\x1b"
+    records = parse(f"{esc}[1mstep{esc}[0m {esc}[32m5{esc}[0m {esc}[1mloss{esc}[0m {esc}[32m2.31{esc}[0m\n"
+                    f"{{'{esc}[1mloss{esc}[0m': {esc}[31mnan{esc}[0m, 'epoch': 0.2}}\n")
+    assert records[0].step == 5 and records[0].signals == {"loss": 2.31}
+    assert records[1].signals["loss"] != records[1].signals["loss"]  # nan
+
+
+def test_mmengine_fields_separated_by_a_tab():
+    (record,) = parse(" - mmengine - INFO - Iter(train) [   10/23076]  lr:\t1.3e-07  time:\t11.78  loss:\tnan\n")
+    assert record.step == 10 and record.signals["lr"] == 1.3e-07 and record.signals["loss"] != record.signals["loss"]

@@ -27,8 +27,14 @@ TOKEN = re.compile(
 TQDM_END = re.compile(rb"\[[\d:?]+<[^\]\[]*\]")
 # torchtune's progress description `epoch|step|Loss: x`.
 PIPE_STEP = re.compile(rb"(?<![\w.|])\d+\|(\d+)\|(?=[A-Za-z])")
-# `print(loss)` in a custom loop: the line is the loss tensor and nothing else.
-BARE_TENSOR = re.compile(rb"tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)")  # on the stripped line
+# `print(loss)` in a custom loop: the line is the loss tensor and nothing else, once what a launcher, logger or
+# paste put before every line is off (`_bare_tensor`).
+BARE_TENSOR = re.compile(rb"tensor\((" + _NUMBER + rb")(?:,[^)]*)?\)")
+# One part of such a prefix: `[rank0]:`, `[default0]:`, `0: `, `10.0.0.1: `, `node-3: `, `> `, a timestamp and
+# level (`2024-05-01 10:00:00,123 - INFO - `). A host is a name with a digit in it (`reward: tensor(...)` is
+# no loss). Bounded parts, taken one at a time without backtracking: linear on any line.
+_PREFIX_PART = re.compile(rb"(?:\[[^\]\n]{0,64}\]:?|(?=[\w.-]{0,63}\d)\w[\w.-]{0,62}:(?!\d)|>|[-|]|\d{4}-\d\d-\d\d|"
+                          rb"\d\d:\d\d:\d\d[.,\d]{0,9}|INFO\b|WARNING\b|DEBUG\b)\s*")
 # A word before the first pair that says the line is an evaluation (fairseq `| valid |`, `Validation:`).
 EVAL_MODE = re.compile(rb"(?i)(?<![\w/])(?:valid|validation|eval|evaluation|val)(?![\w/])")
 # Full-width punctuation (pasted through a Chinese IME or forum): JSON with “”：，
@@ -107,8 +113,8 @@ def read_line(line: bytes) -> list[Segment]:
     if b"\xe2\x80" in line or b"\xef\xbc" in line:
         for wide, narrow in _FULLWIDTH:
             line = line.replace(wide, narrow)
-    if b"tensor(" in line and (bare := BARE_TENSOR.fullmatch(line.strip())):
-        return [Segment(signals={"loss": float(bare.group(1))})]
+    if b"tensor(" in line and (loss := _bare_tensor(line.strip())) is not None:
+        return [Segment(signals={"loss": loss})]
     segments: list[Segment] = []
     start = 0
     for end in TQDM_END.finditer(line):
@@ -116,6 +122,15 @@ def read_line(line: bytes) -> list[Segment]:
         start = end.end()
     segments.extend(_segments(line, start, len(line)))
     return segments
+
+
+def _bare_tensor(line: bytes) -> float | None:
+    """The loss of a line that is a printed tensor behind launcher / logger / paste prefixes, else None."""
+    at = 0
+    while part := _PREFIX_PART.match(line, at):
+        at = part.end()
+    bare = BARE_TENSOR.fullmatch(line, at)
+    return float(bare.group(1)) if bare else None
 
 
 def _segments(line: bytes, start: int, end: int) -> list[Segment]:

@@ -61,6 +61,8 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     # Lines that say what the metric lines after them are (text_log._header): a run summary block, an
     # evaluation announced on a line of its own (`***** Evaluating perplexity *****`).
     "Run summary", "metrics *****", "valuat", "alidat",
+    # A line with terminal colour codes: they can split any anchor above (`\x1b[1mstep\x1b[0m 5`).
+    "\x1b[",
 )
 
 
@@ -99,7 +101,7 @@ KV_ASSIGN = re.compile(rb"(?<!\w)(\w+)=([^\s,]+)")
 MEGATRON = re.compile(rb"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9_()/-]*(?: +[a-z0-9_()/-]+)*)\s*:\s*([-+0-9.eEnaNinfINF]+)")
 MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\]\s*)?\[\s*(\d+)\s*/\s*(\d+)\]")
-MMENGINE_FIELD = re.compile(rb"(?<![\w./])([a-z][\w./]*): (-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
+MMENGINE_FIELD = re.compile(rb"(?<![\w./])([a-z][\w./]*):\s+(-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
 HOST_PREFIX = re.compile(rb"^\s*(?:\[[^\]]*\]\s*)?[\w.-]+:\s*(?=\{)")
 # A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
 # nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -29,6 +30,16 @@ MAX_LINE = 64 << 10
 # grep keeps a whole line in memory; a 1 GB line without a newline would take GBs. Its address space is
 # capped, and if it runs out the Python scan takes over where grep stopped.
 _GREP_MEMORY = 192 << 20
+
+
+# Terminal colour / style codes (rich, loguru, colorlog consoles copied with them): `\x1b[32m2.31\x1b[0m`. They
+# split names from numbers, so a line is read as it prints. Looked for once per block read, not per line: a
+# log without them pays one memchr per megabyte.
+ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def uncoloured(line: bytes) -> bytes:
+    return ANSI.sub(b"", line) if b"\x1b[" in line else line
 
 
 @dataclass(slots=True)
@@ -77,6 +88,8 @@ def iter_lines(stream: BinaryIO, counts: ScanCounts | None = None, skip_to: int 
         body, tail = buf[:cut], _keep_ends(buf[cut:])
         if not body:
             continue
+        if b"\x1b[" in body:  # whole lines only: no code is cut
+            body = ANSI.sub(b"", body)
         pos = 0
         counted_to = 0
         while match := anchors.search(body, pos):
@@ -88,6 +101,7 @@ def iter_lines(stream: BinaryIO, counts: ScanCounts | None = None, skip_to: int 
                 yield line_no, _bounded(line_no, body[start:end], counts)
             pos = end + 1
         line_no += body.count(b"\n", counted_to)
+    tail = uncoloured(tail)
     if tail and anchors.search(tail) and line_no + 1 > skip_to:
         yield line_no + 1, _bounded(line_no + 1, tail, counts)
 
@@ -135,9 +149,11 @@ def _read_grep(proc: subprocess.Popen, path: Path, counts: ScanCounts | None) ->
     last = 0
     try:
         while block := proc.stdout.read1(1 << 20):
-            lines = block.split(b"\n")
             if pending:
-                lines[0] = pending + lines[0]
+                block = pending + block
+            if b"\x1b[" in block:  # a code cut at the block's end is whole once the next block joins it
+                block = ANSI.sub(b"", block)
+            lines = block.split(b"\n")
             pending = _keep_ends(lines.pop())
             for raw in lines:
                 number, _, line = raw.partition(b":")
@@ -148,7 +164,7 @@ def _read_grep(proc: subprocess.Popen, path: Path, counts: ScanCounts | None) ->
         if pending and finished:  # grep ends its output with a newline; a killed grep may not
             number, _, line = pending.partition(b":")
             if number.isdigit():
-                yield int(number), _bounded(int(number), line, counts)
+                yield int(number), _bounded(int(number), uncoloured(line), counts)
     finally:
         proc.stdout.close()
         proc.kill()

@@ -20,7 +20,7 @@ from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.ds_facts import facts_from_line
 from lossguard.sources.generic import STEP_NAMES, read_line
-from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines
+from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
 
 _DEDUPE_WINDOW = 256
 # Lines that open a block of the run's final values: wandb's `Run summary:`, HF's `***** train metrics *****`.
@@ -52,9 +52,10 @@ class TextLogParser:
         self._real_steps = False  # a step number was read from the log (not counted)
         self._last_ds_step: int | None = None
         # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and
-        # the signals already placed there: a second value of one of them belongs to a later step.
+        # the values already placed there: a second value of one of them belongs to a later step, the
+        # same value again is another node's copy of the line.
         self._context_step: int | None = None
-        self._context_keys: set[str] = set()
+        self._context_values: dict[str, float] = {}
         # The last record whose step was estimated (no counter on its line): a DeepSpeed `step=` line
         # next to it gives its real step (see `records`).
         self.guessed: Record | None = None
@@ -367,8 +368,10 @@ class TextLogParser:
             if not _has_signal(segment):
                 if step is not None:  # `step 50 token 250m`: the metric lines below are at step 50
                     self._real_steps = True
-                    self._context_step, self._context_keys = step, set()
+                    self._context_step, self._context_values = step, {}
                 continue
+            if step is None and self._context_step is not None and _seen(signals, self._context_values):
+                continue  # a copy of a line this step's block already gave (`log_on_each_node`, a host's echo)
             header, self._eval_header = self._eval_header, None
             if step is None and header is not None and header[0] == self.last_step and "loss" in signals:
                 signals["eval_loss"] = signals.pop("loss")  # DeepSpeed-Chat's `ppl: 5.8, loss: 1.76`
@@ -381,7 +384,7 @@ class TextLogParser:
         """A line that opens a run summary block or announces an evaluation, noted; True if it is one."""
         if SUMMARY_HEADER.search(line):
             self._summary_line = line_no if line_no is not None else 0
-            self._context_step, self._context_keys = None, set()
+            self._context_step, self._context_values = None, {}
             return True
         if EVAL_HEADER.search(line):
             self._eval_header = (self.last_step,)
@@ -408,10 +411,10 @@ class TextLogParser:
         ordinal = guessed = False
         if step is not None:
             self._real_steps = True
-            self._context_step, self._context_keys = step, set(signals)
-        elif self._context_step is not None and not self._context_keys & signals.keys():
+            self._context_step, self._context_values = step, dict(signals)
+        elif self._context_step is not None and not self._context_values.keys() & signals.keys():
             step = self._context_step
-            self._context_keys |= signals.keys()
+            self._context_values.update(signals)
         elif self._summary_line is not None and kind == TRAIN and self.num_logs:
             # A run summary's value of no step (HF's `train_loss`, the run's average): not a step's loss.
             return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
@@ -429,7 +432,7 @@ class TextLogParser:
         if guessed:
             self.guessed = record
         if self._summary_line is not None and kind == TRAIN:  # the block's other values are of this record
-            self._context_step, self._context_keys = step, set(signals)
+            self._context_step, self._context_values = step, dict(signals)
         return record
 
     # -- run facts from the DeepSpeed banner and config dump --------------------------------------------
@@ -538,6 +541,12 @@ def _train_record(step: int, signals: dict[str, float], source: str, line_no: in
     return Record(step, None, signals, kind, None, {}, source, line_no, ordinal)
 
 
+def _seen(signals: dict[str, float], seen: dict[str, float]) -> bool:
+    """Every value of `signals` is already in `seen` (a NaN matches a NaN): the line is a copy."""
+    return all(name in seen and (seen[name] == value or value != value and seen[name] != seen[name])
+               for name, value in signals.items())
+
+
 def _has_signal(segment) -> bool:
     """A segment that holds a signal other than the epoch (not only a step or an epoch counter)."""
     return len(segment.signals) > ("epoch" in segment.signals)
@@ -625,7 +634,7 @@ def parse_file(path: Path, counts: ScanCounts | None = None) -> Iterator[Record]
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
     """For callers that already have lines (tests, tools): same parser, no chunking."""
-    yield from merged(TextLogParser(source), enumerate(lines, 1))
+    yield from merged(TextLogParser(source), ((n, uncoloured(line)) for n, line in enumerate(lines, 1)))
 
 
 # Control bytes no log writes (tab, newline, CR, form feed, ESC of colours are fine).

@@ -1,0 +1,67 @@
+"""Metamorphic tests of `lossguard analyze` on the real logs (../shared/reallogs): a log rewritten the way
+capturing or pasting it could have (bench/log_variants.py: launcher / logger prefixes, GitHub paste remnants,
+CRLF, colour codes, trailing spaces, tabs, noise lines, a cut head, per-node copies, transformers-5 quoting)
+keeps a verdict and signature its case's label accepts (the acceptance rule of bench/real_logs.py). A rewrite
+that would change what a given log says is skipped, with the reason. Skips when the set is absent."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_LOGS = ROOT.parent / "shared" / "reallogs"
+HAVE_SET = (REAL_LOGS / "labels.json").exists()
+
+pytestmark = pytest.mark.skipif(not HAVE_SET, reason=f"no real-log set at {REAL_LOGS} (shared data not present)")
+
+
+def _load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there; real_logs imports log_variants
+    spec.loader.exec_module(module)
+    return module
+
+
+VARIANTS = _load("log_variants")
+CASES = sorted(p.name for p in REAL_LOGS.iterdir() if (p / "case.json").exists()) if HAVE_SET else []
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("real_logs")
+
+
+@pytest.fixture(scope="module")
+def labels(bench):
+    import json
+
+    return json.loads((REAL_LOGS / "labels.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def originals():
+    return {}  # each case's own outcome, scored once: the cut-head rewrites keep its evidence
+
+
+@pytest.mark.parametrize("transform", VARIANTS.NAMES)
+@pytest.mark.parametrize("case", CASES)
+def test_a_meaning_preserving_rewrite_keeps_an_accepted_verdict_and_signature(bench, labels, originals, case,
+                                                                               transform):
+    case_dir = REAL_LOGS / case
+    label = labels.get(bench.case_id(case_dir))
+    if label is None:
+        pytest.skip("case has no label")
+    if case not in originals:
+        originals[case] = bench.score_case(case_dir, label)
+    variant = bench.score_variant(case_dir, label, transform, originals[case])
+    if variant is None:
+        pytest.skip(f"{transform} does not apply to this log or would change what it says (the reason is in "
+                    "bench/log_variants.py)")
+    assert variant.verdict is not None, variant.refusal
+    assert (variant.verdict_ok, variant.signature_ok) == (True, True), (variant.verdict, variant.signature,
+                                                                        label)
