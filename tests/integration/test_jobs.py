@@ -130,7 +130,9 @@ def test_ranks_orphaned_by_a_launcher_killed_alone_are_stopped(tmp_path):
 
 
 def test_a_zoo_run_that_overstays_its_timeout_leaves_no_rank(tmp_path):
-    result = run_scenario("healthy-raw", tmp_path, timeout_s=8.0)
+    # Steps enough that no machine finishes within the timeout (the default run ends in under 8 s on a
+    # fast CPU, and then nothing is timed out).
+    result = run_scenario("healthy-raw", tmp_path, steps=100_000, timeout_s=8.0)
     assert result.timed_out
     assert not live_processes(str(tmp_path)), live_processes(str(tmp_path))
 

@@ -278,7 +278,7 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_timeout_kills_the_whole_job(tmp_path):
     """A run past its limit is stopped as a process group: torchrun and both ranks, nothing left behind."""
     out = tmp_path / "timeout-run"
-    result = run_scenario("healthy-zero2", out, timeout_s=4)
+    result = run_scenario("healthy-zero2", out, steps=100_000, timeout_s=4)  # no machine ends it in time
     assert result.timed_out and result.returncode != 0
     assert result.wall_s < 30
     assert result.stdout_path.exists()
