@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # name -> meaning. Detectors, reports and the live monitor use only these names.
 SIGNALS: dict[str, str] = {
     "loss": "training loss as logged (after the Trainer's NaN filter unless `raw_loss` exists)",
@@ -89,9 +91,24 @@ ALIASES: dict[str, str] = {
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "current_steps", "train/global_step")
 
 
+# The run's gradient norm and learning rate under the other names tools give them: OLMo's
+# `optim/total_grad_norm`, verl's `actor/grad_norm` and `actor/lr`, Lightning's LearningRateMonitor `lr-AdamW`,
+# Composer's `lr-DecoupledAdamW/group0`, `learning_rate_group0`. The whole name must match, so a per-layer norm
+# (`grad_norm/layer.3`) or a later param group's LR (`lr-AdamW/pg2`) is never read as the run's.
+_GRAD_NORM_NAME = re.compile(r"(?:[\w.-]+/)*(?:total_|global_)?(?:grad_norm|grad-norm|gradnorm|gradient_norm|gnorm)(?:/total)?")
+_LR_NAME = re.compile(r"(?:[\w.-]+/)*(?:lr|learning_rate)(?:[-_](?:group_?0|pg_?0|pg1|0)|-[a-z]\w*(?:/(?:group_?0|pg1))?)?")
+
+
 def canonical(key: str) -> str | None:
     """Canonical signal name for a source key, or None when it is not a signal we track."""
-    return ALIASES.get(key.strip().lower())
+    key = key.strip().lower()
+    name = ALIASES.get(key)
+    if name is None and ("norm" in key or "lr" in key or "learning_rate" in key):
+        if _GRAD_NORM_NAME.fullmatch(key):
+            return "grad_norm"
+        if _LR_NAME.fullmatch(key):
+            return "lr"
+    return name
 
 
 def to_float(value: object) -> float | None:

@@ -105,12 +105,16 @@ class OverflowStorm(DetectorBase):
         last, earlier = self.counts.previous(record.rank, "lr"), self.counts.earlier(record.rank, "lr")
         was_moving = last is not None and earlier is not None and last != earlier
         bad = is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss)
-        frozen = bad and lr == last and (was_moving or self._frozen.count > 0)
+        # Skipped steps freeze the LR where the schedule had it; an LR that moved to exactly 0 was zeroed, not
+        # frozen (a schedule at its end, a scheduler bug: the LR rules' business). From the start, a storm
+        # holds the warmup's first LR, often 0: that is no move, so it is not this test either.
+        frozen = bad and lr == last and lr != 0.0 and (was_moving or self._frozen.count > 0)
         self._frozen.update(frozen, record.step, self.counts.seq(record.rank, "lr"))
         if self._frozen.count >= _MID_RUN_STREAK:
+            why = f"the gradient norm is {grad:g}" if is_nonfinite(grad) else \
+                "the loss is exactly 0.0" if loss == 0.0 else f"the loss is {loss:g}"
             return self._fire(self._frozen.since, f"the learning rate froze at {lr:g} from step "
-                                                  f"{self._frozen.since} while the gradient norm is {grad}: "
-                                                  "every step is being skipped")
+                                                  f"{self._frozen.since} while {why}: every step is being skipped")
         return []
 
     def _applied(self, record: Record) -> None:

@@ -9,7 +9,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "masked-labels": ("broken", "no supervised tokens: template / tokenization mismatch, truncation, "
                                 "image-token mismatch"),
     "nonfinite-hidden": ("broken", "NaN/Inf disguised: loss logged as 0.0 by the Trainer's NaN filter, "
-                                   "grad_norm pinned at a DeepSpeed sentinel (1.0, sqrt 2, sqrt 3, ...)"),
+                                   "or grad_norm pinned at a DeepSpeed sentinel (1.0, sqrt 2, sqrt 3, ...)"),
     "nonfinite": ("broken", "loss or gradients are NaN/Inf and the log shows it"),
     "no-grad-flow": ("broken", "gradient norm 0 while loss is non-zero: nothing trainable receives gradient"),
     "lr-zero": ("broken", "learning rate 0 or frozen after warmup should have moved it"),

@@ -43,10 +43,15 @@ _FULLWIDTH = ((b"\xe2\x80\x9c", b'"'), (b"\xe2\x80\x9d", b'"'), (b"\xef\xbc\x9a"
 # Roles of a name. Loss-like names rank: a name that says "train" (reduced_train_loss, Train loss) beats a
 # bare `loss` (Lightning's progress-bar `loss` is a display running mean), which beats other *loss names
 # (closs, act_loss, nll_loss: the first of those on the line wins).
-_SKIP, _SIGNAL, _LOSS, _EVAL_LOSS, _STEP, _EPOCH = range(6)
+_SKIP, _SIGNAL, _LOSS, _EVAL_LOSS, _STEP, _EPOCH, _BATCH, _EVAL_STEP = range(8)
 STEP_NAMES = {"step", "steps", "iter", "iteration", "global_step", "global step", "num_updates", "current_steps",
                "train/global_step", "trainer/global_step", "global_steps"}
 _EPOCH = re.compile(r"(?:train(?:ing)?[ _/])?epoch")
+# A step named in two words: MaxText's `completed step: 6`, `train step 12`, `optimizer step: 40`. Singular only:
+# `Total optimization steps = 1000` and `training steps: 500` are totals, not the current step.
+_STEP_PHRASE = re.compile(r"(?:completed|current|train|optimizer|global|update) (?:step|iter|iteration)")
+# The step of an evaluation line (torchtitan's `validate step: 10  loss: 5.21`): its loss is an eval loss.
+_EVAL_STEP_PHRASE = re.compile(r"(?:validate|validation|valid|val|eval|evaluation) (?:step|iter|iteration)")
 _ROLES: dict[bytes, tuple[int, str | None, int]] = {}
 
 
@@ -66,8 +71,14 @@ def column_name(raw: str) -> str | None:
 
 
 def _classify(key: str) -> tuple[int, str | None, int]:
-    if key in STEP_NAMES:
+    if key in STEP_NAMES or _STEP_PHRASE.fullmatch(key):
         return _STEP, None, 0
+    if _EVAL_STEP_PHRASE.fullmatch(key):
+        return _EVAL_STEP, None, 0
+    if key.startswith("train ") and (rest := _classify(key[6:]))[0] == _SIGNAL:
+        return rest  # Composer's `Train lr-DecoupledAdamW/group0: 1e-05` (its loss is read by the loss rule)
+    if key == "batch":  # Composer's `[batch=5/100]:` heads a block of metric lines; a bare `batch 8` is no step
+        return _BATCH, None, 0
     if _EPOCH.fullmatch(key):
         return _EPOCH, "epoch", 0
     name = canonical(key)
@@ -95,6 +106,9 @@ class Segment:
     epochs: int | None = None  # N of an epoch written `e/N` (`Epoch [1/3]`): such an epoch may count from 1
     loss_rank: int = 9
     is_eval: bool = False
+    # The counter came with a step's name (`[step=5/739328]`, `[batch=5/100]`): a step even on a line of its
+    # own, where a bare `3/3` (a loading bar) is none.
+    named_counter: bool = False
     names: set[bytes] = field(default_factory=set)
 
     def resolved_step(self, first_epoch: int = 0) -> int | None:
@@ -163,7 +177,7 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
     pipe = PIPE_STEP.search(line, start, end)
     if pipe and out[0].step is None:
         out[0].step = int(pipe.group(1))
-    return [s for s in out if s.signals or s.step is not None]
+    return [s for s in out if s.signals or s.step is not None or s.named_counter]
 
 
 def _has_metric(segment: Segment) -> bool:
@@ -172,12 +186,15 @@ def _has_metric(segment: Segment) -> bool:
 
 
 def _add(segment: Segment, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:
-    if role == _STEP:
+    if role == _EVAL_STEP:
+        segment.is_eval, role = True, _STEP
+    if role in (_STEP, _BATCH):
         if not 0 <= value < 1e15:  # a nan, inf or absurd step is no step
             return
         if of_total is not None:  # `step 63/64`: a position within the epoch, like a progress counter
             segment.counter = (int(value), int(of_total))
-        else:
+            segment.named_counter = True
+        elif role == _STEP:
             segment.step = int(value)
     elif role == _EPOCH:
         if value.is_integer() and segment.epoch is None:  # `Epoch: [1] [1480/1504]`, `Epoch 4/150`

@@ -58,6 +58,9 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     # The generic metric reader (sources/generic.py): any loss-like name, the grad norm and LR names that
     # come on lines of their own, and a bare printed loss tensor.
     "loss", "Loss", "LOSS", "grad_norm", "gnorm", "grad norm", "learning_rate", "tensor(",
+    # Lines of their own that head a block of metric lines (OLMo's `[step=5/739328,epoch=0]`, Composer's
+    # `[batch=5/100]:`), and Lightning's / Composer's LR names (`lr-AdamW`, `lr-DecoupledAdamW/group0`).
+    "[step=", "[batch=", "lr-",
     # Lines that say what the metric lines after them are (text_log._header): a run summary block, an
     # evaluation announced on a line of its own (`***** Evaluating perplexity *****`).
     "Run summary", "metrics *****", "valuat", "alidat",
