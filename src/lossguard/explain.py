@@ -35,15 +35,19 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - mmengine `Epoch(train) [e][i/N] lr: ... loss: ... grad_norm: ...` lines
   - lossguard's own live events directory (events-rank*.jsonl)
   - any other line with a loss-like name next to a number (loss, Loss, lm loss, train/loss, train_loss,
-    closs, reduced_train_loss, act_loss, ...; grad_norm / gnorm / grad norm; lr / learning_rate / lr=[...];
+    closs, reduced_train_loss, act_loss, ...; grad_norm / gnorm / grad norm, also under a prefix or as a
+    total (optim/total_grad_norm, actor/grad_norm); lr / learning_rate / lr=[...], also a first param
+    group's (actor/lr, lr-AdamW, lr-DecoupledAdamW/group0, learning_rate_group0);
     eval_loss / val_loss / valid loss as evaluation; RL reward, reward_std, kl), in the shapes tools print:
     k: v, k=v, k v, | k | v |, JSON and Python dicts (also with full-width punctuation), tqdm postfixes,
     quoted values, tensor(2.3, device=...), nan / NaN / inf. The step comes from step / iter / global_step /
     num_updates, torchtune's epoch|step|Loss, i/N progress counters (with Epoch [e] [i/N]; an epoch written
-    e/N counts from 1 unless the log shows 0/N) or a `step N`
-    line above a block of metric lines (of two counters on one line, litgpt's `iter 9 step 2`, the
-    first); a bare printed loss tensor counts as one step. Torchtune, Lightning (tqdm and rich bars),
-    NeMo, litgpt, nanotron, fairseq, DeepSpeed-Chat, nanoGPT (`val loss` as evaluation), MLX, OpenRLHF,
+    e/N counts from 1 unless the log shows 0/N), two-word step names (MaxText's `completed step: N`;
+    torchtitan's `validate step: N` as evaluation) or a line above a block of metric lines (`step N`,
+    OLMo's `[step=N/M,epoch=E]`, Composer's `[batch=N/M]:`; of two counters on one line, litgpt's
+    `iter 9 step 2`, the first); a bare printed loss tensor counts as one step. Torchtune, torchtitan,
+    Lightning (tqdm and rich bars), NeMo, litgpt, nanotron, fairseq, DeepSpeed-Chat, nanoGPT (`val loss`
+    as evaluation), MLX, OpenRLHF, verl (`step:N - actor/pg_loss:..`), OLMo, Composer, MaxText,
     Keras, wandb's run summary (its values at the step it names; a value of no step, HF's train_loss, is
     a summary, not a step), peft's epoch=/train_ppl=tensor(...) prints and MetricLogger logs are read this
     way. A metric line naming no step right after a line announcing an evaluation (DeepSpeed-Chat's
