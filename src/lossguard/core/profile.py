@@ -1,7 +1,7 @@
 """The loss profile: one per-rank summary of the training loss that every loss-trend detector reads.
 
 The engine advances it once per train record, on both of its paths (`feed` and the batch path), with one
-update loop (`LossProfile.advance`): count, baseline, minimum, head and tail, the run of repeated values,
+update loop (`RankProfile.run`, through `LossProfile.advance`): count, baseline, minimum, head and tail, the run of repeated values,
 the gradient norm's mean, the run of tiny losses, and a running average that leaves spikes out. Where a
 record may concern a trend rule (it repeats the loss before it, it sits far above the run's start, a spike
 came back down, a run of repeats, an earlier stretch of losses again), the loop hands the engine a `Reading` of the profile at that record; the engine routes
@@ -67,90 +67,114 @@ class RankProfile:
         self.windows: dict[tuple[float, ...], int] = {}  # window -> its `nonzero` count where it ended
         self.nonzero = 0
 
-    def add(self, loss: float, step: int | None, grad: float | None) -> Reading | None:
-        """One finite loss; a Reading when some trend rule must look at this record."""
-        self.num += 1
-        if self.num <= BASELINE_LOGS:
-            self.baseline_sum += loss
-            if self.num == BASELINE_LOGS:
-                self.baseline = self.baseline_sum / BASELINE_LOGS
-        if self.first_step is None:
-            self.first_step = step
-        if len(self.head) < HEAD_LOGS:
-            self.head.append(loss)
-        self.tail.append(loss)
-        grad_ok = grad is not None and math.isfinite(grad)
-        if grad_ok:
-            self.grad_sum += grad
-            self.grad_num += 1
-        self._repeat(loss, step)
-        self._tiny(loss, step, grad if grad_ok else None)
-        reference = min(self.minimum, self.baseline) if self.baseline else self.minimum
-        valid = math.isfinite(reference) and reference > 0
-        high = valid and loss > max(2.0 * reference, reference + 2.0)
-        spike = self._spike(loss, step)
-        recurs = self._recur(loss) if loss != 0.0 else None  # a zero loss is another rule's business
-        if grad is None or grad_ok:  # beside a non-finite grad norm the logged loss is the NaN filter's stand-in
-            self.minimum = min(self.minimum, loss)
-        if high or spike is not None or recurs is not None or self.repeat_streak >= REPEAT_LOGS:
-            return Reading(self.num, loss, (self.repeat_value, self.repeat_streak, self.repeat_since),
-                           reference if valid else None, high, spike, recurs)
-        return None
+    def run(self, losses: list, steps: list, grads: list, lo: int, hi: int) -> dict[int, Reading]:
+        """Records lo..hi-1 of a run, in order (a loss that is None or not finite is no loss here): index ->
+        Reading where some trend rule must look. One loop with the state in local variables: it runs once
+        per train record of a big log, and a method call per statistic cost more than the statistics."""
+        num, baseline_sum, baseline, minimum = self.num, self.baseline_sum, self.baseline, self.minimum
+        ema, first_step, head, tail = self.ema, self.first_step, self.head, self.tail
+        grad_sum, grad_num = self.grad_sum, self.grad_num
+        repeat_value, repeat_streak, repeat_since = self.repeat_value, self.repeat_streak, self.repeat_since
+        spike_at, spike_value, spike_age = self.spike_at, self.spike_value, self.spike_age
+        tiny_since, tiny_grads = self.tiny_since, self.tiny_grads
+        window, windows, nonzero = self.window, self.windows, self.nonzero
+        isfinite, isclose = math.isfinite, math.isclose
+        # Comparisons in place of min() / max() below: a builtin call costs as much as the rest of a statistic.
+        tiny = _tiny_under(head[0]) if head else None
+        marks: dict[int, Reading] = {}
+        for index in range(lo, hi):
+            loss = losses[index]
+            if loss is None or not isfinite(loss):
+                continue
+            step, grad = steps[index], grads[index]
+            num += 1
+            if num <= BASELINE_LOGS:
+                baseline_sum += loss
+                if num == BASELINE_LOGS:
+                    baseline = baseline_sum / BASELINE_LOGS
+            if first_step is None:
+                first_step = step
+            if len(head) < HEAD_LOGS:
+                head.append(loss)
+                if tiny is None:
+                    tiny = _tiny_under(loss)
+            tail.append(loss)
+            grad_ok = grad is not None and isfinite(grad)
+            if grad_ok:
+                grad_sum += grad
+                grad_num += 1
+            # The run of logs at the same loss (within 0.01%). An exact 0.0 ends a run without starting one.
+            if loss == 0.0:
+                repeat_streak = 0
+            elif repeat_value is not None and isclose(loss, repeat_value, rel_tol=1e-4):
+                repeat_streak += 1
+            else:
+                repeat_value, repeat_streak, repeat_since = loss, 1, step
+            # The run of logs under 2% of the first loss (never above 0.01), with its first few grad norms.
+            if loss < tiny and head[0] > 10 * TINY:
+                if tiny_since is None:
+                    tiny_since = step
+                if grad_ok and len(tiny_grads) < _TINY_GRADS:
+                    tiny_grads.add(grad)
+            elif loss >= tiny:
+                tiny_since, tiny_grads = None, set()
+            reference = baseline if baseline and baseline < minimum else minimum
+            valid = isfinite(reference) and reference > 0
+            high = valid and loss > 2.0 * reference and loss > reference + 2.0
+            # The running average, with spikes kept out of it: a spike (3x the average and half a nat above
+            # it) opens a window of up to five logs that neither move the average nor open another spike; the
+            # window closes when the loss is back under 1.5x the average (a recovered spike, marked) or after
+            # five logs (not recovered: divergence's business).
+            spike = None
+            if spike_at is not None:
+                spike_age += 1
+                if ema is not None and loss < 1.5 * ema:
+                    spike, spike_at = (spike_at, spike_value, spike_value / ema), None
+                elif spike_age > SPIKE_RECOVER_WITHIN:
+                    spike_at = None
+            elif num > BASELINE_LOGS and ema and loss > 3.0 * ema and loss > ema + 0.5:
+                spike_at, spike_value, spike_age = step, loss, 0
+            else:
+                ema = loss if ema is None else 0.8 * ema + 0.2 * loss
+            # How many non-zero losses ago the last RECUR_LOGS of them (this one included) were seen before,
+            # value for value and in order; None when they are new or too uniform to tell. A zero loss is
+            # another rule's business.
+            recurs = None
+            if loss != 0.0:
+                nonzero += 1
+                window = (window + (loss,))[-RECUR_LOGS:]
+                if len(window) == RECUR_LOGS and _distinct(window):
+                    earlier = windows.get(window)
+                    if earlier is not None:
+                        recurs = nonzero - earlier
+                    elif len(windows) < _RECUR_REMEMBER:
+                        windows[window] = nonzero
+            # Beside a non-finite grad norm the logged loss is the NaN filter's stand-in: no new minimum.
+            if (grad is None or grad_ok) and loss < minimum:
+                minimum = loss
+            if high or spike is not None or recurs is not None or repeat_streak >= REPEAT_LOGS:
+                marks[index] = Reading(num, loss, (repeat_value, repeat_streak, repeat_since),
+                                       reference if valid else None, high, spike, recurs)
+        self.num, self.baseline_sum, self.baseline, self.minimum = num, baseline_sum, baseline, minimum
+        self.ema, self.first_step = ema, first_step
+        self.grad_sum, self.grad_num = grad_sum, grad_num
+        self.repeat_value, self.repeat_streak, self.repeat_since = repeat_value, repeat_streak, repeat_since
+        self.spike_at, self.spike_value, self.spike_age = spike_at, spike_value, spike_age
+        self.tiny_since, self.tiny_grads = tiny_since, tiny_grads
+        self.window, self.nonzero = window, nonzero
+        return marks
 
-    def _recur(self, loss: float) -> int | None:
-        """How many non-zero losses ago the last RECUR_LOGS of them (this one included) were seen before,
-        value for value and in order; None when they are new (or too uniform to tell)."""
-        self.nonzero += 1
-        window = (self.window + (loss,))[-RECUR_LOGS:]
-        self.window = window
-        if len(window) < RECUR_LOGS or len(set(window)) < _RECUR_DISTINCT:
-            return None
-        earlier = self.windows.get(window)
-        if earlier is None:
-            if len(self.windows) < _RECUR_REMEMBER:
-                self.windows[window] = self.nonzero
-            return None
-        return self.nonzero - earlier
 
-    def _repeat(self, loss: float, step: int | None) -> None:
-        """The run of logs at the same loss (within 0.01%). An exact 0.0 ends a run without starting one."""
-        if loss == 0.0:
-            self.repeat_streak = 0
-        elif self.repeat_value is not None and math.isclose(loss, self.repeat_value, rel_tol=1e-4):
-            self.repeat_streak += 1
-        else:
-            self.repeat_value, self.repeat_streak, self.repeat_since = loss, 1, step
+def _tiny_under(first: float) -> float:
+    """A loss under this is tiny: 2% of where the run started, never above 0.01."""
+    relative = TINY_RELATIVE * first
+    return relative if relative > TINY else TINY
 
-    def _tiny(self, loss: float, step: int | None, grad: float | None) -> None:
-        first = self.head[0]
-        tiny = max(TINY, TINY_RELATIVE * first)  # relative to where the run started, never above 0.01
-        if loss < tiny and first > 10 * TINY:
-            if self.tiny_since is None:
-                self.tiny_since = step
-            if grad is not None and len(self.tiny_grads) < _TINY_GRADS:
-                self.tiny_grads.add(grad)
-        elif loss >= tiny:
-            self.tiny_since, self.tiny_grads = None, set()
 
-    def _spike(self, loss: float, step: int | None) -> tuple[int | None, float, float] | None:
-        """The running average, with spikes kept out of it: a spike (3x the average and half a nat above
-        it) opens a window of up to five logs that neither move the average nor open another spike; the
-        window closes when the loss is back under 1.5x the average (a recovered spike, returned) or
-        after five logs (not recovered: divergence's business)."""
-        ema = self.ema
-        if self.spike_at is not None:
-            self.spike_age += 1
-            if ema is not None and loss < 1.5 * ema:
-                at, self.spike_at = self.spike_at, None
-                return at, self.spike_value, self.spike_value / ema
-            if self.spike_age > SPIKE_RECOVER_WITHIN:
-                self.spike_at = None
-            return None
-        if self.num > BASELINE_LOGS and ema and loss > 3.0 * ema and loss > ema + 0.5:
-            self.spike_at, self.spike_value, self.spike_age = step, loss, 0
-            return None
-        self.ema = loss if ema is None else 0.8 * ema + 0.2 * loss
-        return None
+def _distinct(window: tuple[float, ...]) -> bool:
+    """At least _RECUR_DISTINCT different values (three different first values settle it cheaply)."""
+    a, b, c = window[0], window[1], window[2]
+    return (a != b and b != c and a != c) or len(set(window)) >= _RECUR_DISTINCT
 
 
 class LossProfile:
@@ -177,14 +201,9 @@ class LossProfile:
         if losses is None:
             return {}
         grads = columns.get("grad_norm") or [None] * len(losses)
-        profile = None
-        marks: dict[int, Reading] = {}
-        for index in range(lo, hi):
-            loss = losses[index]
-            if loss is None or not math.isfinite(loss):
-                continue
-            if profile is None:
-                profile = self._ranks.get(rank) or self._ranks.setdefault(rank, RankProfile())
-            if (reading := profile.add(loss, steps[index], grads[index])) is not None:
-                marks[index] = reading
-        return marks
+        profile = self._ranks.get(rank)
+        if profile is None:
+            if not any(loss is not None and math.isfinite(loss) for loss in losses[lo:hi]):
+                return {}  # a rank gets its profile with its first loss
+            profile = self._ranks[rank] = RankProfile()
+        return profile.run(losses, steps, grads, lo, hi)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ def is_nonfinite(value: float | None) -> bool:
     return value is not None and not math.isfinite(value)
 
 
+@functools.lru_cache(maxsize=4096)  # a grad norm printed to 4 decimals near a sentinel repeats: repr() once each
 def printed_tolerance(value: float) -> float:
     """Half a unit in the last printed digit: transformers 5 prints '1.414', older versions the full float."""
     text = repr(float(value))
