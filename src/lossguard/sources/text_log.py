@@ -110,15 +110,14 @@ class TextLogParser:
         if text in self._recent_keys:
             return _DUPLICATE
         layout = self._layout
-        match = layout.pattern.fullmatch(text) if layout is not None else None
-        if match is not None:  # the same keys as the last dict: no per-key work
-            signals = _floats(layout.named, match.groups())
+        signals = layout.read(text) if layout is not None else None
+        if signals is not None:  # the same keys, printed the same way, as a dict before: no per-key work
             step, is_eval, is_summary = None, False, False
         else:
             pairs = P.HF_PAIR.findall(text)
             if not pairs:
                 return None
-            signals, step, is_eval, is_summary = self._pairs(pairs)
+            signals, step, is_eval, is_summary = self._pairs(pairs, text)
         self._recent_keys[text] = None
         if len(self._recent_keys) > _DEDUPE_WINDOW:
             self._recent_keys.popitem(last=False)
@@ -157,7 +156,7 @@ class TextLogParser:
         pairs = P.HF_PAIR.findall(text)
         if not pairs or (b"loss" not in text and not _SIGNAL_KEY.search(text)):
             return None
-        signals, step, is_eval, _ = self._pairs(pairs, learn=False)
+        signals, step, is_eval, _ = self._pairs(pairs)
         if not signals:
             return None
         if step is None:
@@ -183,7 +182,7 @@ class TextLogParser:
         if b"}" not in text:
             self._open = (line_no, text, opened[2])  # wrapped over more lines still
         pairs = P.HF_PAIR.findall(text[: text.find(b"}") + 1] if b"}" in text else text)
-        signals = self._pairs(pairs, learn=False)[0] if pairs else {}
+        signals = self._pairs(pairs)[0] if pairs else {}
         held = self.provisional = opened[2]  # its values so far give way to the whole dict's (`merged`)
         return _train_record(held.step, signals, self.source, line_no, held.step_is_ordinal, held.kind)
 
@@ -199,8 +198,9 @@ class TextLogParser:
             self._interval = step - self.last_step
         self.last_step = step
 
-    def _pairs(self, pairs: list[tuple[bytes, bytes]], learn: bool = True) -> tuple[dict[str, float], int | None, bool, bool]:
-        """(signals, step, is_eval, is_summary) of a dict's (key, value) pairs; learns its layout."""
+    def _pairs(self, pairs: list[tuple[bytes, bytes]], text: bytes | None = None) -> tuple[dict[str, float], int | None, bool, bool]:
+        """(signals, step, is_eval, is_summary) of a dict's (key, value) pairs; learns the layout of the whole
+        dict `text` they were read from, when given."""
         signals: dict[str, float] = {}
         step: int | None = None
         is_eval = is_summary = False
@@ -224,11 +224,13 @@ class TextLogParser:
                 step = _first_int(raw_value)
             if name is not None and value is not None:
                 signals[name] = value
-        if plain and learn:
+        if plain and text is not None:
             keys = tuple(key for key, _ in pairs)
             if keys not in self._layouts and len(self._layouts) < _MAX_LAYOUTS:
-                self._layouts[keys] = _Layout.of(keys)
+                self._layouts[keys] = _Layout()
             self._layout = self._layouts.get(keys)
+            if self._layout is not None:
+                self._layout.learn(text)
         return signals, step, is_eval, is_summary
 
     # -- events ----------------------------------------------------------------------------------------
@@ -268,8 +270,11 @@ class TextLogParser:
 
     # -- DeepSpeed engine progress ---------------------------------------------------------------------
     def _ds_step(self, line: bytes, line_no: int | None) -> list[Record]:
-        match = P.DS_STEP.search(line)
-        if not match:
+        # `DS_STEP.search`, a third as costly: the regex tried only where its first literal is.
+        at, match = line.find(b"step="), None
+        while at >= 0 and (match := P.DS_STEP.match(line, at)) is None:
+            at = line.find(b"step=", at + 1)
+        if match is None:
             return []
         step, skipped, first_lr = match.groups()
         step = int(step)
@@ -475,32 +480,52 @@ def _key_info(raw_key: bytes) -> tuple[str | None, int]:
 
 
 _MAX_LAYOUTS = 16
+_MAX_SHAPES = 4  # per set of keys: a log prints its dicts one or two ways
 
 
 class _Layout:
-    """A train-log dict's keys in order (all plain metrics), as one regex: a dict with the same keys
-    is read with one `fullmatch` instead of a `findall` and a lookup per key. It gives the same pairs
-    as `HF_PAIR.findall` on such a dict (tests/unit/test_text_source.py holds the two to it)."""
+    """How the dicts with one set of keys (all plain metrics) are printed: each shape seen, as a regex of its
+    exact text with a group per value (`\\{'loss': (v), 'grad_norm': (v)\\}`), so that a dict printed the same
+    way is read with one `fullmatch` instead of a `findall` and a lookup per key. A shape admits only
+    values the pair regex reads the same way (no quote, comma or brace inside, no leading space), so it
+    gives the values `HF_PAIR.findall` gives (tests/unit/test_text_source.py holds the two to it); any
+    other dict goes to `findall`, and its shape is learned."""
 
-    __slots__ = ("pattern", "named")
+    __slots__ = ("shapes",)
 
-    def __init__(self, pattern: re.Pattern[bytes], named: tuple[tuple[int, str], ...]) -> None:
-        self.pattern = pattern
-        self.named = named  # (index in match.groups(), signal name) of each value worth reading
+    def __init__(self) -> None:
+        self.shapes: list[tuple[re.Pattern[bytes], tuple[tuple[int, str], ...]]] = []
 
-    @classmethod
-    def of(cls, keys: tuple[bytes, ...]) -> _Layout:
-        # Each pair as HF_PAIR takes it. The lookahead picks the separator and the value once and for
-        # all (it is atomic; Python 3.10 has no atomic groups), and the backreferences consume them, so
-        # `fullmatch` cannot backtrack into a split that `findall` would not have made.
-        def pair(number: int, key: bytes) -> bytes:
-            return (rb"""['"]""" + re.escape(key) + rb"""['"](?=(\s*:\s*)('[^']*'|"[^"]*"|[^,}]+))"""
-                    + b"\\%d\\%d" % (2 * number - 1, 2 * number))
+    def read(self, text: bytes) -> dict[str, float] | None:
+        """The signals of a dict printed in a known shape; None for any other dict."""
+        for pattern, named in self.shapes:
+            match = pattern.fullmatch(text)
+            if match is not None:
+                return _floats(named, match.groups())
+        return None
 
-        body = rb"\s*,\s*".join(pair(number, key) for number, key in enumerate(keys, 1))
-        # Groups come in pairs (separator, value): the value of pair i is group 2i + 1 (0-based).
-        named = tuple((2 * i + 1, _KEYS[key][0]) for i, key in enumerate(keys) if _KEYS[key][1] == _PLAIN)
-        return cls(re.compile(rb"\{\s*" + body + rb"\s*,?\s*\}"), named)
+    def learn(self, text: bytes) -> None:
+        if len(self.shapes) >= _MAX_SHAPES or self.read(text) is not None:
+            return
+        parts: list[bytes] = []
+        named: list[tuple[int, str]] = []
+        at = 0
+        for number, match in enumerate(P.HF_PAIR.finditer(text)):
+            start, end = match.span(2)
+            parts.append(re.escape(text[at:start]))
+            quote = text[start:start + 1]
+            if quote in _QUOTES and end - start >= 2 and text[end - 1:end] == quote:
+                parts.append(quote + b"([^" + quote + b"]*)" + quote)  # transformers 5: its inside is the value
+            else:
+                parts.append(rb"""([^\s,}'"][^,}'"]*)""")
+            info = _KEYS[match.group(1)]
+            if info[1] == _PLAIN:
+                named.append((number, info[0]))
+            at = end
+        parts.append(re.escape(text[at:]))
+        pattern = re.compile(b"".join(parts))
+        if pattern.fullmatch(text):  # not when a value holds a quote: such a shape would never match
+            self.shapes.append((pattern, tuple(named)))
 
 
 def _floats(named: tuple[tuple[int, str], ...], groups: tuple[bytes, ...]) -> dict[str, float]:
