@@ -11,6 +11,8 @@ tests hold both paths to the same findings on every fixture.
 
 from __future__ import annotations
 
+import itertools
+
 from lossguard.core.records import Record
 
 
@@ -26,7 +28,8 @@ class Batch:
         self.steps = [r.step for r in records]
         signals = [r.signals for r in records]
         # Every name any record has (a C-speed union), sorted so that the order is the same every run.
-        self.columns = {name: [one.get(name) for one in signals] for name in sorted(set().union(*signals))}
+        self.columns = {name: list(map(dict.get, signals, itertools.repeat(name)))  # C-speed, per name
+                        for name in sorted(set().union(*signals))}
 
     def column(self, name: str) -> list[float | None]:
         """Values of `name` aligned with `records`; an all-None list when no record has it."""

@@ -47,12 +47,16 @@ class Downsampled:
                 return
             i += gap
             self.seen += gap
-            self.points.append((steps[i], values[i]))
+            # Every stride-th value from here, as many as fit before the points are halved: one slice.
+            stride = self.stride
+            take = min(self.capacity - len(self.points), (size - 1 - i) // stride + 1)
+            last = i + (take - 1) * stride
+            self.points.extend(zip(steps[i:last + 1:stride], values[i:last + 1:stride]))
             if len(self.points) >= self.capacity:
                 self.points = self.points[::2]
                 self.stride *= 2
-            self.seen += 1
-            i += 1
+            self.seen += last - i + 1
+            i = last + 1
 
 
 @dataclass(slots=True)

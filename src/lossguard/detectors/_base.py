@@ -35,6 +35,11 @@ def is_nonfinite(value: float | None) -> bool:
     return value is not None and not math.isfinite(value)
 
 
+# The widest `printed_tolerance` (a value printed with one decimal): a value farther than this from every
+# sentinel is none, whatever its print.
+_WIDEST = 0.05 + 2e-9
+
+
 @functools.lru_cache(maxsize=4096)  # a grad norm printed to 4 decimals near a sentinel repeats: repr() once each
 def printed_tolerance(value: float) -> float:
     """Half a unit in the last printed digit: transformers 5 prints '1.414', older versions the full float."""
@@ -53,7 +58,7 @@ def sentinel_index(value: float | None) -> int | None:
     if value is None or not 0 < value < 3.0:  # NaN compares False; a huge norm must not overflow v*v
         return None
     k = round(value * value)
-    if not 1 <= k <= len(SENTINELS) or abs(value - SENTINELS[k - 1]) > 0.06:
+    if not 1 <= k <= len(SENTINELS) or abs(value - SENTINELS[k - 1]) > _WIDEST:
         return None  # cheap exit for the common case; the exact tolerance needs repr()
     tolerance = printed_tolerance(value)
     for k, root in enumerate(SENTINELS, 1):
@@ -63,8 +68,8 @@ def sentinel_index(value: float | None) -> int | None:
 
 
 # Each sentinel's neighbourhood as [low, high) edges: a value is near one when bisect lands on an odd
-# index. `sentinel_index`'s own cheap exit allows 0.06 either side.
-_NEAR_SENTINEL = tuple(edge for root in SENTINELS for edge in (root - 0.061, root + 0.061))
+# index. `sentinel_index`'s own cheap exit allows _WIDEST either side.
+_NEAR_SENTINEL = tuple(edge for root in SENTINELS for edge in (root - 1.01 * _WIDEST, root + 1.01 * _WIDEST))
 
 
 def any_sentinel(values: list[float]) -> bool:
