@@ -17,6 +17,13 @@ FIXTURES = ROOT / "tests" / "fixtures"
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# DeepSpeed's CPU communication op is compiled on first use into torch's extension cache, shared by every
+# install on the machine and keyed by the install's source paths, so a second checkout rebuilds it there.
+# A test that stops a job on purpose (a timeout, Ctrl-C) can stop it mid-build, and the build's lock file
+# then makes every later DeepSpeed job on the machine wait forever. Each install gets a cache of its own:
+# this suite's stops can only meet a build of this install's, which its first jobs finish.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
 
 def run_cli(*args, stdin: bytes | None = None, timeout: float = 120, env: dict | None = None):
     """Run `python -m lossguard ARGS` in a real subprocess with this checkout's src on the path."""
