@@ -176,13 +176,19 @@ def _parse(item: Input, gathering: Gathering | None) -> Iterator[Record]:
 
 
 def merged_records(inputs: list[Input], gathering: Gathering | None = None) -> Iterator[Record]:
+    if len(inputs) == 1:  # the common case, streamed (a log of millions of lines stays flat in memory) and
+        return _parse(inputs[0], gathering)  # handed on as it is: a generator in between costs per record
+    return _merged_many(inputs, gathering)
+
+
+def _merged_many(inputs: list[Input], gathering: Gathering | None) -> Iterator[Record]:
     live = [i.path for i in inputs if isinstance(i.source, LossguardEventsSource)]
     if len(live) > 1:  # one file per rank: interleave by step so cross-rank detectors see a step together
         from lossguard.sources.lossguard_events import merged
 
         yield from merged(live)
         inputs = [i for i in inputs if not isinstance(i.source, LossguardEventsSource)]
-    if len(inputs) == 1:  # the common case, streamed: a log of millions of lines stays flat in memory
+    if len(inputs) == 1:  # the live files and one other input
         yield from _parse(inputs[0], gathering)
         return
     rank = {id(s): i for i, s in enumerate(SOURCES)}

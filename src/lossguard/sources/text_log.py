@@ -651,10 +651,13 @@ def parse_stream(stream: BinaryIO, source: str, counts: ScanCounts | None = None
 def parse_file(path: Path, counts: ScanCounts | None = None) -> Iterator[Record]:
     lines = iter_grep_lines(path, counts)
     if lines is None:
-        with open(path, "rb") as stream:
-            yield from parse_stream(stream, path.name, counts)
-        return
-    yield from merged(TextLogParser(path.name), lines)
+        return _parse_opened(path, counts)
+    return merged(TextLogParser(path.name), lines)  # no generator in between: it would cost per record
+
+
+def _parse_opened(path: Path, counts: ScanCounts | None) -> Iterator[Record]:
+    with open(path, "rb") as stream:
+        yield from parse_stream(stream, path.name, counts)
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:
