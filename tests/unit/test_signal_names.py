@@ -24,7 +24,8 @@ def test_other_names_of_the_grad_norm_and_the_lr(key, name):
 
 
 @pytest.mark.parametrize("key", ["grad_norm/layer.3.weight", "lr-AdamW/pg2", "min_lr", "lr_scale",
-                                 "learning_rate_group1", "grad_norm_ratio", "clr"])
+                                 "learning_rate_group1", "grad_norm_ratio", "clr", "lr-decay", "lr-warmup",
+                                 "lr-min", "max_grad_norm", "lr_decay_iters"])
 def test_a_layer_norm_or_another_groups_lr_is_not_the_runs(key):
     assert canonical(key) is None
 

@@ -96,7 +96,10 @@ STEP_KEYS = ("step", "global_step", "iteration", "iter", "current_steps", "train
 # Composer's `lr-DecoupledAdamW/group0`, `learning_rate_group0`. The whole name must match, so a per-layer norm
 # (`grad_norm/layer.3`) or a later param group's LR (`lr-AdamW/pg2`) is never read as the run's.
 _GRAD_NORM_NAME = re.compile(r"(?:[\w.-]+/)*(?:total_|global_)?(?:grad_norm|grad-norm|gradnorm|gradient_norm|gnorm)(?:/total)?")
-_LR_NAME = re.compile(r"(?:[\w.-]+/)*(?:lr|learning_rate)(?:[-_](?:group_?0|pg_?0|pg1|0)|-[a-z]\w*(?:/(?:group_?0|pg1))?)?")
+# `lr-<Optimizer>` is Lightning's / Composer's name; `lr-decay`, `lr-warmup`, `lr-min` (argument dumps) are not LRs.
+_LR_NAME = re.compile(r"(?:[\w.-]+/)*(?:lr|learning_rate)(?:[-_](?:group_?0|pg_?0|pg1|0)|"
+                      r"-(?!decay|warmup|sched|min|max|init|final|scale|ratio|mult|end|start|peak|step)[a-z]\w*"
+                      r"(?:/(?:group_?0|pg1))?)?")
 
 
 def canonical(key: str) -> str | None:
