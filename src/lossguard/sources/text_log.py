@@ -491,10 +491,13 @@ class _Layout:
     gives the values `HF_PAIR.findall` gives (tests/unit/test_text_source.py holds the two to it); any
     other dict goes to `findall`, and its shape is learned."""
 
-    __slots__ = ("shapes",)
+    __slots__ = ("shapes", "_tries")
 
     def __init__(self) -> None:
         self.shapes: list[tuple[re.Pattern[bytes], tuple[tuple[int, str], ...]]] = []
+        # Shapes built, kept or not: a dict whose values hold quotes (a tensor repr) makes no shape, and
+        # must not cost a build on every line.
+        self._tries = 0
 
     def read(self, text: bytes) -> dict[str, float] | None:
         """The signals of a dict printed in a known shape; None for any other dict."""
@@ -505,8 +508,9 @@ class _Layout:
         return None
 
     def learn(self, text: bytes) -> None:
-        if len(self.shapes) >= _MAX_SHAPES or self.read(text) is not None:
+        if self._tries >= _MAX_SHAPES or self.read(text) is not None:
             return
+        self._tries += 1
         parts: list[bytes] = []
         named: list[tuple[int, str]] = []
         at = 0
