@@ -134,13 +134,10 @@ def best(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def anchor_scan_cmd(path: Path) -> list[str]:
-    """The scan `analyze` starts with: grep -F over every anchor the parsers need (sources/scan.py)."""
-    from lossguard.sources import patterns
+    """The scan `analyze` starts with: grep over every anchor the parsers need, as sources/scan.py runs it."""
+    from lossguard.sources.scan import GREP_OPTIONS
 
-    args = ["env", "LC_ALL=C", "grep", "-F", "-a", "-n", "--no-messages"]  # as scan.py runs it
-    for anchor in patterns.ANCHOR_STRINGS:
-        args += ["-e", anchor]
-    return [*args, "--", str(path)]
+    return ["env", "LC_ALL=C", "grep", *GREP_OPTIONS, "--", str(path)]
 
 
 def main() -> None:

@@ -1,5 +1,8 @@
 import io
 import random
+import shutil
+
+import pytest
 
 from lossguard.core.records import EVAL, EVENT, TRAIN
 from lossguard.sources.scan import iter_lines
@@ -170,7 +173,9 @@ def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkey
         assert repr(a) == repr(b)  # repr: NaN == NaN
 
 
-def test_the_anchor_trie_finds_exactly_the_lines_that_hold_an_anchor_string():
+def _anchor_sample() -> tuple[list[bytes], list[bool]]:
+    """Every fixture log's lines and 5,000 random ones, a third with an anchor (or its head) in them; and
+    whether each holds an anchor string."""
     from lossguard.sources import patterns as P
     from tests.conftest import FIXTURES
 
@@ -188,7 +193,27 @@ def test_the_anchor_trie_finds_exactly_the_lines_that_hold_an_anchor_string():
         lines.append(noise)
     held = [any(a in line for a in anchors) for line in lines]
     assert sum(held) > 1000
+    return lines, held
+
+
+def test_the_anchor_trie_finds_exactly_the_lines_that_hold_an_anchor_string():
+    from lossguard.sources import patterns as P
+
+    lines, held = _anchor_sample()
     assert [P.ANCHORS.search(line) is not None for line in lines] == held
+
+
+@pytest.mark.skipif(shutil.which("grep") is None, reason="no grep on this machine: the Python scan serves")
+def test_grep_passes_exactly_the_lines_that_hold_an_anchor_string(tmp_path):
+    """grep runs the anchors as one extended regex of escaped literals (`\\{'|...|\\[step=|...`): a missed
+    escape would drop or add lines without any error."""
+    from lossguard.sources.scan import iter_grep_lines
+
+    lines, held = _anchor_sample()
+    log = tmp_path / "mixed.log"
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    passed = [number for number, _ in iter_grep_lines(log)]
+    assert passed == [number for number, hit in enumerate(held, 1) if hit]
 
 
 def test_colour_codes_around_names_and_numbers_are_read_through():
