@@ -145,7 +145,7 @@ def _dict_lines():
              for line in path.read_bytes().splitlines() if b"{'" in line or b'{"' in line]
     rng = random.Random(3)
     values = [b"1.5", b"'1.5'", b'"2.5"', b"nan", b"'nan'", b"inf", b"-inf", b"1e-05", b" 0.0 ", b"'1.5'7",
-              b"tensor(1.4142, device='cuda:0')", b"'abc'", b"", b"'", b"12", b"0.5'"]
+              b"tensor(1.4142, device='cuda:0')", b"'abc'", b"", b"'", b"12", b"0.5'", b"''", b'""']
     keys = [b"loss", b"grad_norm", b"learning_rate", b"epoch", b"eval_loss", b"step", b"note", b"train_runtime"]
     for _ in range(3000):
         chosen = rng.sample(keys[:4], rng.randrange(1, 5)) if rng.random() < 0.8 else rng.sample(keys, 3)
@@ -154,6 +154,14 @@ def _dict_lines():
         body = sep.join(quote + k + quote + colon + rng.choice(values) for k in chosen)
         lines.append(rng.choice((b"", b" 10%|#  | 10/100 [00:01<00:09]", b"10.0.0.4: ")) + b"{" + body + b"}")
     return lines
+
+
+def test_an_empty_quoted_value_in_a_learned_layout_is_no_value():
+    # transformers 5 prints values as strings; an empty one, read through a learned shape, once raised
+    # IndexError out of analyze.
+    records = parse("{'loss': '', 'grad_norm': '1.0'}\n{'loss': '', 'grad_norm': '2.0'}\n"
+                    "{'loss': '2.5', 'grad_norm': ''}\n")
+    assert [r.signals for r in records] == [{"grad_norm": 1.0}, {"grad_norm": 2.0}, {"loss": 2.5}]
 
 
 def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkeypatch):

@@ -118,6 +118,11 @@ class TextLogParser:
             if not pairs:
                 return None
             signals, step, is_eval, is_summary = self._pairs(pairs, text)
+        return self._logged(text, line[:start], signals, step, is_eval, is_summary, line_no)
+
+    def _logged(self, text: bytes, head: bytes, signals: dict[str, float], step: int | None, is_eval: bool,
+                is_summary: bool, line_no: int | None) -> Record:
+        """The record of a log dict read from `text` (`head`: the line before it), not a recent copy."""
         self._recent_keys[text] = None
         if len(self._recent_keys) > _DEDUPE_WINDOW:
             self._recent_keys.popitem(last=False)
@@ -126,7 +131,7 @@ class TextLogParser:
                           source=self.source, line_no=line_no)
         ordinal = guessed = False
         if step is None:
-            counters = P.TQDM_COUNTER.findall(line, 0, start) if start else None
+            counters = P.TQDM_COUNTER.findall(head) if head else None
             if is_eval and self.last_step is not None:
                 step = self.last_step
             elif counters:
@@ -276,7 +281,9 @@ class TextLogParser:
             at = line.find(b"step=", at + 1)
         if match is None:
             return []
-        step, skipped, first_lr = match.groups()
+        return [self._ds_record(*match.groups(), line_no)]
+
+    def _ds_record(self, step: bytes, skipped: bytes, first_lr: bytes, line_no: int | None) -> Record:
         step = int(step)
         self._real_steps = True
         if self._last_ds_step is not None and step > self._last_ds_step:
@@ -288,7 +295,7 @@ class TextLogParser:
             signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
         except ValueError:
             pass
-        return [_train_record(step, signals, self.source, line_no)]
+        return _train_record(step, signals, self.source, line_no)
 
     # -- Megatron-LM ------------------------------------------------------------------------------------
     def _megatron(self, line: bytes, line_no: int | None) -> list[Record]:
@@ -533,13 +540,11 @@ class _Layout:
 
 
 def _floats(named: tuple[tuple[int, str], ...], groups: tuple[bytes, ...]) -> dict[str, float]:
-    """`_hf_value` of each named group, its common case inlined (this runs once per log line)."""
+    """`_hf_value` of each named group, its common case first (this runs once per log line). A shape's group
+    holds no quote at its ends (a quoted value's group is its inside), so `float()` takes most as they are."""
     signals = {}
     for index, name in named:
         raw = groups[index]
-        first = raw[0]
-        if (first == 39 or first == 34) and raw[-1] == first:  # quoted: transformers 5 logs strings
-            raw = raw[1:-1]
         try:
             signals[name] = float(raw)
         except ValueError:
