@@ -118,11 +118,6 @@ class TextLogParser:
             if not pairs:
                 return None
             signals, step, is_eval, is_summary = self._pairs(pairs, text)
-        return self._logged(text, line[:start], signals, step, is_eval, is_summary, line_no)
-
-    def _logged(self, text: bytes, head: bytes, signals: dict[str, float], step: int | None, is_eval: bool,
-                is_summary: bool, line_no: int | None) -> Record:
-        """The record of a log dict read from `text` (`head`: the line before it), not a recent copy."""
         self._recent_keys[text] = None
         if len(self._recent_keys) > _DEDUPE_WINDOW:
             self._recent_keys.popitem(last=False)
@@ -131,7 +126,7 @@ class TextLogParser:
                           source=self.source, line_no=line_no)
         ordinal = guessed = False
         if step is None:
-            counters = P.TQDM_COUNTER.findall(head) if head else None
+            counters = P.TQDM_COUNTER.findall(line, 0, start) if start else None
             if is_eval and self.last_step is not None:
                 step = self.last_step
             elif counters:
@@ -275,15 +270,27 @@ class TextLogParser:
 
     # -- DeepSpeed engine progress ---------------------------------------------------------------------
     def _ds_step(self, line: bytes, line_no: int | None) -> list[Record]:
-        # `DS_STEP.search`, a third as costly: the regex tried only where its first literal is.
-        at, match = line.find(b"step="), None
-        while at >= 0 and (match := P.DS_STEP.match(line, at)) is None:
-            at = line.find(b"step=", at + 1)
+        match = _ds_match(line)
         if match is None:
             return []
-        return [self._ds_record(*match.groups(), line_no)]
+        step, signals = self._ds_values(*match.groups())
+        return [_train_record(step, signals, self.source, line_no)]
 
-    def _ds_record(self, step: bytes, skipped: bytes, first_lr: bytes, line_no: int | None) -> Record:
+    def ds_step_into(self, held: Record, line: bytes) -> bool:
+        """Merge a DeepSpeed `step=` line into `held`, the log dict before it whose step was estimated, as
+        parsing the line and merging its record would (see `merged`); False, with nothing changed, if the
+        line is not one. No record is made: on a big log this is every other line."""
+        if b"skipped=" not in line or b"{" in line or (match := _ds_match(line)) is None:
+            return False
+        held.step, signals = self._ds_values(*match.groups())
+        held_signals = held.signals
+        for name, value in signals.items():
+            if name not in held_signals:
+                held_signals[name] = value
+        held.step_is_ordinal = False
+        return True
+
+    def _ds_values(self, step: bytes, skipped: bytes, first_lr: bytes) -> tuple[int, dict[str, float]]:
         step = int(step)
         self._real_steps = True
         if self._last_ds_step is not None and step > self._last_ds_step:
@@ -295,7 +302,7 @@ class TextLogParser:
             signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
         except ValueError:
             pass
-        return _train_record(step, signals, self.source, line_no)
+        return step, signals
 
     # -- Megatron-LM ------------------------------------------------------------------------------------
     def _megatron(self, line: bytes, line_no: int | None) -> list[Record]:
@@ -539,6 +546,14 @@ class _Layout:
             self.shapes.append((pattern, tuple(named)))
 
 
+def _ds_match(line: bytes) -> re.Match | None:
+    """`DS_STEP.search(line)`, a third as costly: the regex is tried only where its first literal is."""
+    at, match = line.find(b"step="), None
+    while at >= 0 and (match := P.DS_STEP.match(line, at)) is None:
+        at = line.find(b"step=", at + 1)
+    return match
+
+
 def _floats(named: tuple[tuple[int, str], ...], groups: tuple[bytes, ...]) -> dict[str, float]:
     """`_hf_value` of each named group, its common case first (this runs once per log line). A shape's group
     holds no quote at its ends (a quoted value's group is its inside), so `float()` takes most as they are."""
@@ -606,7 +621,13 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
     held: Record | None = None
     held_guessed = False
     parse = parser.parse_line
+    ds_step_into = parser.ds_step_into
     for line_no, line in lines:
+        # A log dict at an estimated step, then DeepSpeed's `step=` line: the step's one record, at its step.
+        if held_guessed and held.kind == TRAIN and held.rank is None and held is not parser.provisional \
+                and ds_step_into(held, line):
+            held_guessed = False
+            continue
         for record in parse(line, line_no):
             guessed = record is parser.guessed
             if held is not None and held is parser.provisional:
@@ -621,7 +642,7 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
                 yield held
             if record.kind == EVENT:
                 yield record
-                held = None
+                held, held_guessed = None, False
                 continue
             held, held_guessed = record, guessed
     if held is not None:
