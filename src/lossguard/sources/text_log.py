@@ -99,7 +99,9 @@ class TextLogParser:
 
     # -- HF Trainer dicts ----------------------------------------------------------------------------
     def _hf_dict(self, line: bytes, line_no: int | None) -> Record | None:
-        start = max(line.rfind(b"{'"), line.rfind(b'{"'))
+        start, other = line.rfind(b"{'"), line.rfind(b'{"')
+        if other > start:
+            start = other
         end = line.find(b"}", start)
         if start < 0 or end < 0:
             return self._open_dict(line, start, line_no) if start >= 0 else None
@@ -280,7 +282,7 @@ class TextLogParser:
         """Merge a DeepSpeed `step=` line into `held`, the log dict before it whose step was estimated, as
         parsing the line and merging its record would (see `merged`); False, with nothing changed, if the
         line is not one. No record is made: on a big log this is every other line."""
-        if b"skipped=" not in line or b"{" in line or (match := _ds_match(line)) is None:
+        if (match := _ds_match(line)) is None or b"{" in line:
             return False
         held.step, signals = self._ds_values(*match.groups())
         held_signals = held.signals
@@ -293,10 +295,13 @@ class TextLogParser:
     def _ds_values(self, step: bytes, skipped: bytes, first_lr: bytes) -> tuple[int, dict[str, float]]:
         step = int(step)
         self._real_steps = True
-        if self._last_ds_step is not None and step > self._last_ds_step:
-            self._interval = step - self._last_ds_step  # where the next log dict without a step goes
+        last_ds = self._last_ds_step
+        if last_ds is not None and step > last_ds:
+            self._interval = step - last_ds  # where the next log dict without a step goes
         self._last_ds_step = step
-        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        last = self.last_step
+        if last is None or step > last:
+            self.last_step = step
         signals = {"skipped_steps": float(skipped)}
         try:  # noqa: SIM105 (contextlib.suppress costs more than the rest of this line's parse)
             signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
