@@ -78,6 +78,11 @@ class RankProfile:
         spike_at, spike_value, spike_age = self.spike_at, self.spike_value, self.spike_age
         tiny_since, tiny_grads = self.tiny_since, self.tiny_grads
         window, windows, nonzero = self.window, self.windows, self.nonzero
+        # The window as RECUR_LOGS (six) slots, None where no loss came yet, its last five in locals: each new
+        # window is one tuple built, not a concatenation and a slice.
+        filled = len(window)
+        window = (None,) * (RECUR_LOGS - filled) + window
+        _, w1, w2, w3, w4, w5 = window
         isfinite, isclose = math.isfinite, math.isclose
         # Comparisons in place of min() / max() below: a builtin call costs as much as the rest of a statistic.
         tiny = _tiny_under(head[0]) if head else None
@@ -142,13 +147,19 @@ class RankProfile:
             recurs = None
             if loss != 0.0:
                 nonzero += 1
-                window = (window + (loss,))[-RECUR_LOGS:]
-                if len(window) == RECUR_LOGS and _distinct(window):
-                    earlier = windows.get(window)
-                    if earlier is not None:
+                window = (w1, w2, w3, w4, w5, loss)
+                if filled < RECUR_LOGS:
+                    filled += 1
+                # At least _RECUR_DISTINCT different values (three different first values settle it cheaply).
+                distinct = (w1 != w2 and w2 != w3 and w1 != w3) or len(set(window)) >= _RECUR_DISTINCT
+                if filled == RECUR_LOGS and distinct:
+                    if len(windows) < _RECUR_REMEMBER:  # the first time a window was seen is what counts
+                        earlier = windows.setdefault(window, nonzero)
+                        if earlier != nonzero:
+                            recurs = nonzero - earlier
+                    elif (earlier := windows.get(window)) is not None:
                         recurs = nonzero - earlier
-                    elif len(windows) < _RECUR_REMEMBER:
-                        windows[window] = nonzero
+                w1, w2, w3, w4, w5 = w2, w3, w4, w5, loss
             # Beside a non-finite grad norm the logged loss is the NaN filter's stand-in: no new minimum.
             if (grad is None or grad_ok) and loss < minimum:
                 minimum = loss
@@ -161,7 +172,7 @@ class RankProfile:
         self.repeat_value, self.repeat_streak, self.repeat_since = repeat_value, repeat_streak, repeat_since
         self.spike_at, self.spike_value, self.spike_age = spike_at, spike_value, spike_age
         self.tiny_since, self.tiny_grads = tiny_since, tiny_grads
-        self.window, self.nonzero = window, nonzero
+        self.window, self.nonzero = window[RECUR_LOGS - filled:], nonzero
         return marks
 
 
@@ -169,12 +180,6 @@ def _tiny_under(first: float) -> float:
     """A loss under this is tiny: 2% of where the run started, never above 0.01."""
     relative = TINY_RELATIVE * first
     return relative if relative > TINY else TINY
-
-
-def _distinct(window: tuple[float, ...]) -> bool:
-    """At least _RECUR_DISTINCT different values (three different first values settle it cheaply)."""
-    a, b, c = window[0], window[1], window[2]
-    return (a != b and b != c and a != c) or len(set(window)) >= _RECUR_DISTINCT
 
 
 class LossProfile:
