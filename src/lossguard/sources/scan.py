@@ -24,6 +24,7 @@ except ImportError:  # not on Windows: grep runs without the cap there
     resource = None
 
 CHUNK_BYTES = 8 << 20
+_PIPE_BYTES = 64 << 10
 # A line longer than this (a binary blob, a runaway print, a hostile line) is parsed by its head only, so
 # memory and parse time are bounded by the cut, not by the line.
 MAX_LINE = 64 << 10
@@ -88,7 +89,7 @@ def iter_lines(stream: BinaryIO, counts: ScanCounts | None = None, skip_to: int 
         body, tail = buf[:cut], _keep_ends(buf[cut:])
         if not body:
             continue
-        if b"\x1b[" in body:  # whole lines only: no code is cut
+        if b"\x1b" in body and b"\x1b[" in body:  # whole lines only: no code is cut (ESC alone: a memchr)
             body = ANSI.sub(b"", body)
         pos = 0
         counted_to = 0
@@ -157,10 +158,13 @@ def _read_grep(proc: subprocess.Popen, path: Path, counts: ScanCounts | None) ->
     pending = b""  # a line whose end has not arrived yet (its two ends only, once overlong)
     last = 0
     try:
-        while block := proc.stdout.read1(1 << 20):
+        # A pipe holds 64 KiB: asking for more allocates a bigger buffer on every read and gets no more.
+        while block := proc.stdout.read1(_PIPE_BYTES):
             if pending:
                 block = pending + block
-            if b"\x1b[" in block:  # a code cut at the block's end is whole once the next block joins it
+            # A code cut at the block's end is whole once the next block joins it. ESC alone is one memchr;
+            # the two-byte search costs as much as the rest of the block's handling.
+            if b"\x1b" in block and b"\x1b[" in block:
                 block = ANSI.sub(b"", block)
             lines = block.split(b"\n")
             pending = _keep_ends(lines.pop())
