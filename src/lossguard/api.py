@@ -28,7 +28,7 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
     gathering = Gathering()
     try:
         inputs = discover(paths, gathering)
-        engine.feed_all(gathering.noting_guard_off(records(inputs, gathering)))
+        engine.feed_all(records(inputs, gathering))
     finally:
         gathering.close()
     result = engine.finish()

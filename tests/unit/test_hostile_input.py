@@ -331,3 +331,23 @@ def test_the_end_of_an_overlong_line_is_read(tmp_path, monkeypatch, grep):
     diagnosis = analyze([log])
     assert diagnosis.verdict == "broken" and diagnosis.onset_step == 21
     assert diagnosis.incomplete and "line 21" in diagnosis.incomplete[0]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_live_guard_that_switched_itself_off_makes_the_analysis_incomplete(tmp_path, ranks):
+    """Its `internal-error` event is noted from one rank's file and from per-rank files merged by step."""
+    from lossguard.core.records import EVENT, Record
+    from lossguard.monitor.sinks import JsonlSink, record_line
+
+    for rank in range(ranks):
+        sink = JsonlSink(str(tmp_path), rank, {"world_size": ranks})
+        for step in range(1, 11):
+            sink.write(record_line(Record(step, rank, {"loss": 2.5 - step * 0.01})))
+            if step == 4 and rank == ranks - 1:
+                sink.write(record_line(Record(step, rank, kind=EVENT, event="internal-error",
+                                              data={"detail": "TypeError in a detector"})))
+        sink.close()
+    diagnosis = analyze([tmp_path])
+    assert diagnosis.verdict == "warning", diagnosis.verdict
+    expected = f"live guard stopped analysing at step 4 on rank {ranks - 1} (TypeError in a detector)"
+    assert any(expected in why for why in diagnosis.incomplete), diagnosis.incomplete

@@ -172,7 +172,15 @@ def _parse(item: Input, gathering: Gathering | None) -> Iterator[Record]:
         return parse_file(item.path, counts)
     if isinstance(item.source, JsonLinesSource):
         return item.source.parse(item.path, counts)
+    if isinstance(item.source, LossguardEventsSource):
+        return _noting_guard_off(item.source.parse(item.path), gathering)
     return item.source.parse(item.path)
+
+
+def _noting_guard_off(records: Iterator[Record], gathering: Gathering | None) -> Iterator[Record]:
+    """Only the live guard's own event files can say it stopped analysing: other sources' records reach the
+    engine without a generator in between (it would cost per record on a big log)."""
+    return records if gathering is None else gathering.noting_guard_off(records)
 
 
 def merged_records(inputs: list[Input], gathering: Gathering | None = None) -> Iterator[Record]:
@@ -186,7 +194,7 @@ def _merged_many(inputs: list[Input], gathering: Gathering | None) -> Iterator[R
     if len(live) > 1:  # one file per rank: interleave by step so cross-rank detectors see a step together
         from lossguard.sources.lossguard_events import merged
 
-        yield from merged(live)
+        yield from _noting_guard_off(merged(live), gathering)
         inputs = [i for i in inputs if not isinstance(i.source, LossguardEventsSource)]
     if len(inputs) == 1:  # the live files and one other input
         yield from _parse(inputs[0], gathering)
