@@ -35,6 +35,27 @@ def test_sentinels_in_float64_float32_and_printed_forms():
     assert sentinel_index(0.9681) is None and sentinel_index(math.nan) is None
 
 
+def test_a_value_is_a_sentinel_when_some_root_lies_within_its_printed_tolerance():
+    """`sentinel_index` looks only at the root nearest the value's square; held to trying every root, over
+    every value printed with one to four decimals and random full-precision floats near the roots."""
+    import random
+
+    from lossguard.detectors._base import SENTINELS, printed_tolerance
+
+    def every_root(value):
+        if not 0 < value < 3.0:
+            return None
+        return next((k for k, root in enumerate(SENTINELS, 1) if abs(value - root) <= printed_tolerance(value)), None)
+
+    rng = random.Random(2)
+    values = [round(i / 10 ** d, d) for d in range(1, 5) for i in range(0, 3 * 10 ** d + 1)]
+    values += [root + rng.uniform(-0.06, 0.06) for root in SENTINELS for _ in range(2000)]
+    values += [math.sqrt(k) * (1 + e) for k in range(1, 10) for e in (0.0, 1e-7, -1e-7, 3e-7)]
+    found = [sentinel_index(v) for v in values]
+    assert found == [every_root(v) for v in values]
+    assert sum(k is not None for k in found) > 40
+
+
 def test_nan_filter_zero_after_normal_loss_with_sentinel_is_nonfinite_hidden():
     d = run(logs((2.3, 1.8, 1e-5), (2.1, 1.6, 1e-5), (4.0, 1.4142135623730951, 1e-5),
                  (0.0, 1.4142135623730951, 1e-5), (0.0, 1.4142135623730951, 1e-5)))
