@@ -78,7 +78,7 @@ class TextLogParser:
     # -- entry point ---------------------------------------------------------------------------------
     def parse_line(self, line: bytes, line_no: int | None = None) -> list[Record]:
         out: list[Record] = []
-        if b"{" in line and (b"{'" in line or b'{"' in line):
+        if b"{" in line:  # `_hf_dict` finds no dict without a quote after a brace
             record = self._hf_dict(line, line_no)
             if record is not None:
                 if record is not _DUPLICATE:
@@ -99,9 +99,12 @@ class TextLogParser:
 
     # -- HF Trainer dicts ----------------------------------------------------------------------------
     def _hf_dict(self, line: bytes, line_no: int | None) -> Record | None:
-        start, other = line.rfind(b"{'"), line.rfind(b'{"')
-        if other > start:
-            start = other
+        # The last `{'` or `{"`: the last brace (one memrchr) when a quote follows it, as it nearly always does.
+        start = line.rfind(b"{")
+        if line[start + 1:start + 2] not in _QUOTES:
+            start, other = line.rfind(b"{'"), line.rfind(b'{"')
+            if other > start:
+                start = other
         end = line.find(b"}", start)
         if start < 0 or end < 0:
             return self._open_dict(line, start, line_no) if start >= 0 else None
@@ -109,7 +112,8 @@ class TextLogParser:
         if b"loss" not in text and not _SIGNAL_KEY.search(text):
             return None
         # Multi-node runs print each log once per node (`log_on_each_node`): drop exact repeats.
-        if text in self._recent_keys:
+        recent = self._recent_keys
+        if text in recent:
             return _DUPLICATE
         layout = self._layout
         signals = layout.read(text) if layout is not None else None
@@ -120,18 +124,17 @@ class TextLogParser:
             if not pairs:
                 return None
             signals, step, is_eval, is_summary = self._pairs(pairs, text)
-        self._recent_keys[text] = None
-        if len(self._recent_keys) > _DEDUPE_WINDOW:
-            self._recent_keys.popitem(last=False)
+        recent[text] = None
+        if len(recent) > _DEDUPE_WINDOW:
+            recent.popitem(last=False)
         if is_summary:
             return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
                           source=self.source, line_no=line_no)
         ordinal = guessed = False
         if step is None:
-            counters = P.TQDM_COUNTER.findall(line, 0, start) if start else None
             if is_eval and self.last_step is not None:
                 step = self.last_step
-            elif counters:
+            elif start and (counters := P.TQDM_COUNTER.findall(line, 0, start)):
                 # tqdm redraws at most every 0.1 s, so on fast steps the bar printed with a log lags
                 # behind the real step; two train logs are never at the same step.
                 step = int(counters[-1][0])
