@@ -118,6 +118,8 @@ class TextLogParser:
         layout = self._layout
         signals = layout.read(text) if layout is not None else None
         if signals is not None:  # the same keys, printed the same way, as a dict before: no per-key work
+            if not start:  # alone on its line, as nearly every log dict is: no progress bar gives its step
+                return self._next_log(text, signals, line_no)
             step, is_eval, is_summary = None, False, False
         else:
             pairs = P.HF_PAIR.findall(text)
@@ -152,6 +154,24 @@ class TextLogParser:
         record = _train_record(step, signals, self.source, line_no, ordinal, EVAL if is_eval else TRAIN)
         if guessed:
             self.guessed = record
+        return record
+
+    def _next_log(self, text: bytes, signals: dict[str, float], line_no: int | None) -> Record:
+        """The record of a train log dict that names no step and has nothing before it on its line: the
+        general path's outcome for such a dict (step one interval past the last, `_guess_step`), written
+        out, because it is most lines of a big log."""
+        recent = self._recent_keys
+        recent[text] = None
+        if len(recent) > _DEDUPE_WINDOW:
+            recent.popitem(last=False)
+        last = self.last_step
+        if last is None:
+            step, ordinal = 1, True
+        else:  # one interval on: `_advance` would leave the interval as it is
+            step, ordinal = last + self._interval, not self._real_steps
+        self.num_logs += 1
+        self.last_step = self._last_log_step = step
+        record = self.guessed = Record(step, None, signals, TRAIN, None, {}, self.source, line_no, ordinal)
         return record
 
     def _open_dict(self, line: bytes, start: int, line_no: int | None) -> Record | None:
