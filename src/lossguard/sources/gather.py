@@ -12,13 +12,12 @@ dict when it appends it to `log_history`). The report says which files were used
 from __future__ import annotations
 
 import math
-import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.sources import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff
@@ -27,6 +26,9 @@ from lossguard.sources.lossguard_events import LossguardEventsSource
 from lossguard.sources.scan import MAX_LINE, ScanCounts
 from lossguard.sources.structured import JsonLinesSource
 from lossguard.sources.text_log import TextLogSource, parse_file
+
+if TYPE_CHECKING:
+    import tempfile
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Gathering:
 
     def spool_dir(self) -> Path:
         if self._spool is None:
+            import tempfile  # only a pipe or stdin is spooled: a file's analysis does not load it
+
             self._spool = tempfile.TemporaryDirectory(prefix="lossguard-")
         return Path(self._spool.name)
 
@@ -108,6 +112,8 @@ def _spool(text: str, gathering: Gathering) -> Path:
     """Copy stdin or a pipe to a temporary file in one pass: it can be read only once."""
     name = "stdin" if text == "-" or Path(text).name.isdigit() else Path(text).name
     target = gathering.spool_dir() / f"{len(gathering.used)}-{name}"
+    import shutil
+
     try:
         with open(target, "wb") as out:
             if text == "-":

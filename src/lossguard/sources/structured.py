@@ -6,7 +6,6 @@ signal catalog so every format ends in the same records.
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -218,6 +217,8 @@ class CsvSource:
         return any(c in STEP_KEYS for c in cols) and named
 
     def parse(self, path: Path) -> Iterator[Record]:
+        import csv  # only a CSV input needs it: every other analysis starts faster without
+
         delimiter = "\t" if path.suffix == ".tsv" else ","
         signal = _tag_signal(path)
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
