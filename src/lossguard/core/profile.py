@@ -86,6 +86,8 @@ class RankProfile:
         isfinite, isclose = math.isfinite, math.isclose
         # Comparisons in place of min() / max() below: a builtin call costs as much as the rest of a statistic.
         tiny = _tiny_under(head[0]) if head else None
+        head_open = len(head) < HEAD_LOGS
+        big_start = bool(head) and head[0] > 10 * TINY  # the first loss is far above what counts as tiny
         marks: dict[int, Reading] = {}
         for index in range(lo, hi):
             loss = losses[index]
@@ -99,10 +101,12 @@ class RankProfile:
                     baseline = baseline_sum / BASELINE_LOGS
             if first_step is None:
                 first_step = step
-            if len(head) < HEAD_LOGS:
+            if head_open:
                 head.append(loss)
+                head_open = len(head) < HEAD_LOGS
                 if tiny is None:
                     tiny = _tiny_under(loss)
+                    big_start = loss > 10 * TINY
             tail.append(loss)
             grad_ok = grad is not None and isfinite(grad)
             if grad_ok:
@@ -116,12 +120,12 @@ class RankProfile:
             else:
                 repeat_value, repeat_streak, repeat_since = loss, 1, step
             # The run of logs under 2% of the first loss (never above 0.01), with its first few grad norms.
-            if loss < tiny and head[0] > 10 * TINY:
+            if loss < tiny and big_start:
                 if tiny_since is None:
                     tiny_since = step
                 if grad_ok and len(tiny_grads) < _TINY_GRADS:
                     tiny_grads.add(grad)
-            elif loss >= tiny:
+            elif loss >= tiny and (tiny_since is not None or tiny_grads):  # a run is open: it ends
                 tiny_since, tiny_grads = None, set()
             reference = baseline if baseline and baseline < minimum else minimum
             valid = isfinite(reference) and reference > 0
