@@ -145,7 +145,7 @@ def _dict_lines():
              for line in path.read_bytes().splitlines() if b"{'" in line or b'{"' in line]
     rng = random.Random(3)
     values = [b"1.5", b"'1.5'", b'"2.5"', b"nan", b"'nan'", b"inf", b"-inf", b"1e-05", b" 0.0 ", b"'1.5'7",
-              b"tensor(1.4142, device='cuda:0')", b"'abc'", b"", b"'", b"12", b"0.5'", b"''", b'""']
+              b"tensor(1.4142, device='cuda:0')", b"'abc'", b"", b"'", b"12", b"0.5'", b"''", b'""', b"'2}'", b"'{1'"]
     keys = [b"loss", b"grad_norm", b"learning_rate", b"epoch", b"eval_loss", b"step", b"note", b"train_runtime"]
     for _ in range(3000):
         chosen = rng.sample(keys[:4], rng.randrange(1, 5)) if rng.random() < 0.8 else rng.sample(keys, 3)
@@ -162,6 +162,21 @@ def test_an_empty_quoted_value_in_a_learned_layout_is_no_value():
     records = parse("{'loss': '', 'grad_norm': '1.0'}\n{'loss': '', 'grad_norm': '2.0'}\n"
                     "{'loss': '2.5', 'grad_norm': ''}\n")
     assert [r.signals for r in records] == [{"grad_norm": 1.0}, {"grad_norm": 2.0}, {"loss": 2.5}]
+
+
+def test_a_brace_inside_a_quoted_value_is_read_as_the_dict_search_reads_it(monkeypatch):
+    """A line that is one dict in a learned shape is read without searching for the dict, unless a brace
+    inside a value would make the search stop earlier (or start later): then it reads what the search reads."""
+    import lossguard.sources.text_log as text_log
+
+    lines = ["{'loss': '2.5', 'epoch': '0.1'}", "{'loss': '2.4', 'epoch': '0.2'}",
+             "{'loss': '2}', 'epoch': '0.3'}", "{'loss': '{'2.2', 'epoch': '0.4'}",
+             "{'loss': '2.1', 'epoch': '{0.5}'}", "{'loss': '2.0', 'epoch': '0.6'}",
+             "{'loss': '1.9', 'epoch': \"0.7\"}", "{'loss': '1.8', 'epoch': \"{'0.8\"}"]
+    learned = parse("\n".join(lines) + "\n")
+    monkeypatch.setattr(text_log, "_MAX_LAYOUTS", 0)
+    searched = parse("\n".join(lines) + "\n")
+    assert [repr(r) for r in learned] == [repr(r) for r in searched]
 
 
 def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkeypatch):

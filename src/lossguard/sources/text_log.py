@@ -98,6 +98,17 @@ class TextLogParser:
         return self._generic(line, line_no)
 
     # -- HF Trainer dicts ----------------------------------------------------------------------------
+    def whole_line_dict(self, line: bytes, line_no: int | None) -> Record | None:
+        """`parse_line`'s record for a line that is one log dict in a learned shape and nothing else (one
+        brace each way, so `_hf_dict` would read the whole line), found without its search for the dict;
+        None, with nothing changed, for any other line. Most lines of a big log are such a dict."""
+        layout = self._layout
+        if layout is None or line[-1:] != b"}" or line.count(b"{") != 1 or line.count(b"}") != 1 \
+                or line in self._recent_keys or (b"loss" not in line and not _SIGNAL_KEY.search(line)):
+            return None
+        signals = layout.read(line)
+        return None if signals is None else self._next_log(line, signals, line_no)
+
     def _hf_dict(self, line: bytes, line_no: int | None) -> Record | None:
         # The last `{'` or `{"`: the last brace (one memrchr) when a quote follows it, as it nearly always does.
         start = line.rfind(b"{")
@@ -648,15 +659,15 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
     Fewer, richer records: the detectors see each step once."""
     held: Record | None = None
     held_guessed = False
-    parse = parser.parse_line
-    ds_step_into = parser.ds_step_into
+    parse, whole_line_dict, ds_step_into = parser.parse_line, parser.whole_line_dict, parser.ds_step_into
     for line_no, line in lines:
         # A log dict at an estimated step, then DeepSpeed's `step=` line: the step's one record, at its step.
         if held_guessed and held.kind == TRAIN and held.rank is None and held is not parser.provisional \
                 and ds_step_into(held, line):
             held_guessed = False
             continue
-        for record in parse(line, line_no):
+        whole = whole_line_dict(line, line_no) if line[:1] == b"{" else None
+        for record in parse(line, line_no) if whole is None else (whole,):
             guessed = record is parser.guessed
             if held is not None and held is parser.provisional:
                 parser.provisional = None
