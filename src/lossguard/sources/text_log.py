@@ -309,8 +309,10 @@ class TextLogParser:
         match = _ds_match(line)
         if match is None:
             return []
-        step, signals = self._ds_values(*match.groups())
-        return [_train_record(step, signals, self.source, line_no)]
+        step, skipped, first_lr = match.groups()
+        signals = {"skipped_steps": float(skipped)}
+        _put_lr(signals, first_lr)
+        return [_train_record(self._ds_at(step), signals, self.source, line_no)]
 
     def ds_step_into(self, held: Record, line: bytes) -> bool:
         """Merge a DeepSpeed `step=` line into `held`, the log dict before it whose step was estimated, as
@@ -318,15 +320,18 @@ class TextLogParser:
         line is not one. No record is made: on a big log this is every other line."""
         if (match := _ds_match(line)) is None or b"{" in line:
             return False
-        held.step, signals = self._ds_values(*match.groups())
+        step, skipped, first_lr = match.groups()
+        held.step = self._ds_at(step)
         held_signals = held.signals
-        for name, value in signals.items():
-            if name not in held_signals:
-                held_signals[name] = value
+        if "skipped_steps" not in held_signals:
+            held_signals["skipped_steps"] = float(skipped)
+        if "lr" not in held_signals:  # the dict's own LR stands (and this one need not be read)
+            _put_lr(held_signals, first_lr)
         held.step_is_ordinal = False
         return True
 
-    def _ds_values(self, step: bytes, skipped: bytes, first_lr: bytes) -> tuple[int, dict[str, float]]:
+    def _ds_at(self, step: bytes) -> int:
+        """The step a `step=` line names, noted as the log's latest."""
         step = int(step)
         self._real_steps = True
         last_ds = self._last_ds_step
@@ -336,12 +341,7 @@ class TextLogParser:
         last = self.last_step
         if last is None or step > last:
             self.last_step = step
-        signals = {"skipped_steps": float(skipped)}
-        try:  # noqa: SIM105 (contextlib.suppress costs more than the rest of this line's parse)
-            signals["lr"] = float(first_lr)  # the catalog's lr is the first param group's
-        except ValueError:
-            pass
-        return step, signals
+        return step
 
     # -- Megatron-LM ------------------------------------------------------------------------------------
     def _megatron(self, line: bytes, line_no: int | None) -> list[Record]:
@@ -591,6 +591,14 @@ def _ds_match(line: bytes) -> re.Match | None:
     while at >= 0 and (match := P.DS_STEP.match(line, at)) is None:
         at = line.find(b"step=", at + 1)
     return match
+
+
+def _put_lr(signals: dict[str, float], first_lr: bytes) -> None:
+    """A `step=` line's LR, the first param group's (the catalog's lr), when it reads as a number."""
+    try:  # noqa: SIM105 (contextlib.suppress costs more than the rest of this line's parse)
+        signals["lr"] = float(first_lr)
+    except ValueError:
+        pass
 
 
 def _floats(named: tuple[tuple[int, str], ...], groups: tuple[bytes, ...]) -> dict[str, float]:
