@@ -48,7 +48,7 @@ EVENT_NEEDLES: list[tuple[bytes, str, re.Pattern[bytes]]] = [
 
 # Fast pre-filter: a line is parsed only if it contains one of these fixed strings. Everything the
 # parsers and EVENT_PATTERNS need must have its anchor here. Fixed strings (not regexes) so that
-# `grep -F` can do the scan when it is available (see text_log.iter_file_lines).
+# grep does the scan when it is available, with these as one extended regex (see scan.iter_grep_lines).
 ANCHOR_STRINGS: tuple[str, ...] = (
     "{'", '{"', "OVERFLOW", "Overflow", "overflow", "loss scale", "skipped=", "mismatch", "requires_grad",
     "lr value", "learning rate", "response key", "response template", "trainable parameters",
