@@ -72,7 +72,8 @@ class Engine:
         # (signal names, event) -> the detectors that want such a record; see `_route`.
         self._routes: dict[tuple, list[Detector]] = {}
         # Detectors whose `calm` is a property of their state: re-read after each record they observe.
-        self._moody = {id(d) for d in self.detectors if isinstance(getattr(type(d), "calm", None), property)}
+        self._moody_detectors = [d for d in self.detectors if isinstance(getattr(type(d), "calm", None), property)]
+        self._moody = {id(d) for d in self._moody_detectors}
         self._started = False
 
     # -- feeding -------------------------------------------------------------------------------
@@ -177,13 +178,14 @@ class Engine:
         names = batch.columns.keys()
         routed: dict[int, set[int]] = {}
         used: dict[int, dict | None] = {}
+        failing: dict[tuple, set[int]] = {}  # (signal, test) -> its records that fail it: detectors share tests
         for detector in self.detectors:
             wants = getattr(detector, "wants", None)
             if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
                 continue
             calm = used[id(detector)] = getattr(detector, "calm", None)
             try:
-                indices = range(len(batch.records)) if calm is None else _not_calm(calm, batch.columns)
+                indices = range(len(batch.records)) if calm is None else _not_calm(calm, batch.columns, failing)
             except Exception as exc:  # as in `feed`: reported once, the detector switched off
                 self._collect([self._internal_error(detector, exc)])
                 continue
@@ -197,16 +199,16 @@ class Engine:
         gets every record that fails its new `calm` (records already routed to it stay: observing a calm
         record changes nothing). Returns the records left to visit."""
         added: set[int] = set()
-        for detector in self.detectors:
+        for detector in self._moody_detectors:
             key = id(detector)
-            if key not in self._moody or key not in routed[index]:
+            if key not in routed[index]:
                 continue
             calm = detector.calm
             if calm is used[key]:
                 continue
             used[key] = calm
             rest = range(index + 1, len(batch.records))
-            fails = rest if calm is None else [i for i in sorted(_not_calm(calm, batch.columns)) if i > index]
+            fails = rest if calm is None else [i for i in sorted(_not_calm(calm, batch.columns, {})) if i > index]
             for later in fails:
                 routed.setdefault(later, set()).add(key)
                 added.add(later)
@@ -315,13 +317,18 @@ class Engine:
         )
 
 
-def _not_calm(calm: dict, columns: dict[str, list]) -> set[int]:
+def _not_calm(calm: dict, columns: dict[str, list], failing: dict[tuple, set[int]]) -> set[int]:
     """Indices of the records that fail some test of a detector's `calm`: one C-speed call per signal
-    clears a whole column; only a column that fails is looked at value by value."""
+    clears a whole column; only a column that fails is looked at value by value, once per batch for each
+    (signal, test) pair (`failing` holds them: several detectors test the loss for a zero)."""
     indices: set[int] = set()
     for name, test in calm.items():
         column = columns.get(name)
-        if column is None or test(column):
+        if column is None:
             continue
-        indices.update(i for i, value in enumerate(column) if value is not None and not test([value]))
+        fails = failing.get((name, test))
+        if fails is None:
+            fails = failing[(name, test)] = set() if test(column) else \
+                {i for i, value in enumerate(column) if value is not None and not test([value])}
+        indices |= fails
     return indices
