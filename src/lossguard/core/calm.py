@@ -13,7 +13,6 @@ re-reads it only after a record it routed to that detector.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 
@@ -50,49 +49,54 @@ class SignalCounts:
     differ by one: calm records skipped between them still advanced the count. One definition of
     consecutive for all, and one update path (`advance`) for a run of records or a single one."""
 
-    __slots__ = ("_counts", "_last", "_before", "_earlier")
+    __slots__ = ("_state",)
 
     def __init__(self) -> None:
-        self._counts: collections.Counter = collections.Counter()
-        self._last: dict = {}
-        self._before: dict = {}
-        self._earlier: dict = {}
+        # (rank, signal) -> [count, last value, the one before, the one before that]: one lookup per update.
+        self._state: dict[tuple[int | None, str], list] = {}
 
     def seq(self, rank: int | None, name: str) -> int:
-        return self._counts[(rank, name)]
+        entry = self._state.get((rank, name))
+        return entry[0] if entry is not None else 0
 
     def last(self, rank: int | None, name: str) -> float | None:
         """The value in the latest record counted (at `seq`)."""
-        return self._last.get((rank, name))
+        entry = self._state.get((rank, name))
+        return entry[1] if entry is not None else None
 
     def previous(self, rank: int | None, name: str) -> float | None:
         """The value in the record counted before the latest (at `seq - 1`)."""
-        return self._before.get((rank, name))
+        entry = self._state.get((rank, name))
+        return entry[2] if entry is not None else None
 
     def earlier(self, rank: int | None, name: str) -> float | None:
         """The value in the record counted two before the latest (at `seq - 2`)."""
-        return self._earlier.get((rank, name))
+        entry = self._state.get((rank, name))
+        return entry[3] if entry is not None else None
 
     def advance(self, rank: int | None, columns: dict[str, list], lo: int, hi: int) -> None:
         """Records lo..hi-1 of a run, from its columns (None where a record lacks the signal)."""
-        counts, last, before, earlier = self._counts, self._last, self._before, self._earlier
+        state = self._state
         if hi - lo == 1:  # the common call (a routed record): the same update without slicing
             for name, column in columns.items():
                 if (value := column[lo]) is not None:
-                    key = (rank, name)
-                    counts[key] += 1
-                    earlier[key] = before.get(key)
-                    before[key] = last.get(key)
-                    last[key] = value
+                    entry = state.get((rank, name))
+                    if entry is None:
+                        state[(rank, name)] = [1, value, None, None]
+                    else:
+                        entry[0] += 1
+                        entry[3], entry[2], entry[1] = entry[2], entry[1], value
             return
         for name, column in columns.items():
             part = column[lo:hi]
             present = len(part) - part.count(None)
             if not present:
                 continue
-            key = (rank, name)
-            counts[key] += present
+            entry = state.get((rank, name))
+            if entry is None:
+                entry = state[(rank, name)] = [0, None, None, None]
             tail = list(itertools.islice((value for value in reversed(part) if value is not None), 3))
             # Older values shift down by as many places as this part brought new ones (at most three).
-            older = [*tail, last.get(key), before.get(key), earlier.get(key)]
-            last[key], before[key], earlier[key] = older[0], older[1], older[2]
+            older = [*tail, entry[1], entry[2], entry[3]]
+            entry[0] += present
+            entry[1], entry[2], entry[3] = older[0], older[1], older[2]
