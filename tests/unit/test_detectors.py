@@ -56,6 +56,20 @@ def test_a_value_is_a_sentinel_when_some_root_lies_within_its_printed_tolerance(
     assert sum(k is not None for k in found) > 40
 
 
+def test_a_finding_counts_every_log_that_shows_it_after_it_fired():
+    """Once fired, a detector counts each later occurrence without a new finding (`again`): the finding's
+    `occurrences` is every log that showed the fault, on the batch path and record by record."""
+    rows = [(2.3, 1.8, 1e-5), (2.1, 1.6, 1e-5), (2.0, 1.5, 1e-5)] + [(0.0, math.nan, 1e-5)] * 7
+    batch = {f.code: f for f in run(logs(*rows)).findings}
+    engine = Engine(make_detectors())
+    for record in logs(*rows):
+        engine.feed(record)
+    single = {f.code: f for f in diagnose(engine.finish()).findings}
+    assert batch["LOSS002"].step == 4 and batch["LOSS002"].data["occurrences"] == 7
+    assert single["LOSS002"].data["occurrences"] == 7
+    assert batch["LOSS001"].data["occurrences"] == single["LOSS001"].data["occurrences"] == 7
+
+
 def test_nan_filter_zero_after_normal_loss_with_sentinel_is_nonfinite_hidden():
     d = run(logs((2.3, 1.8, 1e-5), (2.1, 1.6, 1e-5), (4.0, 1.4142135623730951, 1e-5),
                  (0.0, 1.4142135623730951, 1e-5), (0.0, 1.4142135623730951, 1e-5)))

@@ -160,13 +160,19 @@ class DetectorBase:
 
     def emit(self, message: str, step: int | None, rank: int | None = None, *,
              severity: Severity | None = None, signature: str | None = None, **data) -> list[Finding]:
-        self.count += 1
         if self.fired is not None:
-            return []
+            return self.again()
+        self.count += 1
         self.fired = Finding(code=self.code, name=self.name, severity=severity or self.severity,
                              message=message, step=step, rank=rank,
                              signature=signature or self.signature, data=data)
         return [self.fired]
+
+    def again(self) -> list[Finding]:
+        """`emit` once the detector has fired: one more occurrence, no new finding. A detector that fires on
+        every record of a dead run calls it before building a message `emit` would drop."""
+        self.count += 1
+        return []
 
     def finish(self) -> list[Finding]:
         if self.fired is not None and self.count > 1:

@@ -253,6 +253,8 @@ class HiddenNonFinite(DetectorBase):
             state.seq = upto
 
     def _fire(self, state: _ZeroState, rank: int | None, why: str) -> list[Finding]:
+        if self.fired is not None:
+            return self.again()
         return self.emit(
             f"loss went from {state.last_finite:g} to exactly 0.0 at step {state.zero_since}: the Trainer's "
             f"NaN filter hides non-finite losses as 0.0 ({why}); the weights are most likely NaN",
