@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from lossguard.cli.errors import UserError
+from lossguard.cli.options import warn_stale_build_locks
 
 
 @click.command("demo")
@@ -40,6 +41,7 @@ def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
         check_job_stack("the demo", env=job_env(None))
     except MissingPiece as exc:
         raise UserError(str(exc)) from None
+    warn_stale_build_locks(job_env(None))
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="lossguard-demo-"))
     from lossguard.demo_flow import run_demo
     from lossguard.probe.job import stop_jobs_on_signals

@@ -43,3 +43,12 @@ def load_known_facts(ds_config: str | None, env_file: str | None) -> RunFacts:
             raise UserError(str(exc)) from None
         facts.merge(facts_from_versions(found, Path(env_file).name))
     return facts
+
+
+def warn_stale_build_locks(env: dict[str, str] | None = None) -> None:
+    """Before a job starts: a warning line per torch extension build lock a killed build left behind (see
+    `probe.preflight.stale_build_locks`); the job then waits on it forever."""
+    from lossguard.probe.preflight import stale_build_locks
+
+    for warning in stale_build_locks(env):
+        click.echo(f"lossguard: warning: {warning}", err=True)

@@ -8,6 +8,7 @@ import sys
 import click
 
 from lossguard.cli.errors import UserError
+from lossguard.cli.options import warn_stale_build_locks
 
 
 @click.command("probe")
@@ -51,6 +52,7 @@ def probe(config: str, arms: str, cmd: str | None, steps: int | None, nproc: int
     from lossguard.probe.compare import ATOL, RTOL
     from lossguard.probe.job import stop_jobs_on_signals
 
+    warn_stale_build_locks()
     try:
         with stop_jobs_on_signals():  # a killed `lossguard probe` stops its arms' ranks too
             result = run_probe(config, arms=arms, cmd=cmd, steps=steps, nproc=nproc, workload=workload,

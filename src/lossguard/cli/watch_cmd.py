@@ -7,6 +7,7 @@ import sys
 import click
 
 from lossguard.cli.errors import UserError
+from lossguard.cli.options import warn_stale_build_locks
 
 
 @click.command("watch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -65,6 +66,7 @@ def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path:
 
         env = child_env(events_dir=os.path.join(report_dir, "events") if report_dir else None)
         _check_attachable(argv, env)
+    warn_stale_build_locks(env)
     try:
         result = run_watch(argv, halt_on=halt_on, grace_s=grace_s, report_dir=report_dir, log_path=log_path,
                            unbuffered=not buffered, env=env)

@@ -4,6 +4,11 @@ A missing piece found here is one line and exit 2; found later it is a traceback
 auto-attached guard that silently never attaches. The check asks the job's own interpreter, with the job's
 own environment, so a `--cmd` that runs another virtualenv's `torchrun` is checked where it runs. It only
 looks the modules up (`importlib.util.find_spec`), it imports nothing: a fraction of a second.
+
+It also looks for torch extension build locks a killed build left behind (`stale_build_locks`): DeepSpeed
+JIT-builds its ops through torch, and a build that waits on such a lock waits forever, with the log stuck
+after "Using ... as PyTorch extensions root". That is said as a warning: a lock can also be a build that is
+still running.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # What the built-in jobs (zoo scenarios, the demo, probe's tiny model) import in every rank.
@@ -78,3 +84,45 @@ def interpreter_of(argv: list[str], env: dict[str, str] | None = None) -> str | 
     if Path(words[0]).name == "env" and len(words) > 1:  # "#!/usr/bin/env python3"
         return shutil.which(words[-1], path=path)
     return words[0] if os.access(words[0], os.X_OK) else None
+
+
+# A build lock older than this was most likely left by a killed build: a JIT build of a DeepSpeed op takes
+# seconds on CPU and a few minutes for the largest CUDA ops.
+STALE_LOCK_MINUTES = 15
+
+
+def extensions_root(env: dict[str, str] | None = None) -> Path | None:
+    """Where torch builds JIT extensions for a job run with `env` (None where this platform's default is
+    not known): TORCH_EXTENSIONS_DIR, else torch's per-user cache folder."""
+    env = os.environ if env is None else env
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return Path(env["TORCH_EXTENSIONS_DIR"])
+    home = env.get("HOME") or os.path.expanduser("~")
+    if sys.platform == "darwin":
+        return Path(home) / "Library" / "Caches" / "torch_extensions"
+    if sys.platform.startswith("linux"):
+        return Path(env.get("XDG_CACHE_HOME") or Path(home) / ".cache") / "torch_extensions"
+    return None
+
+
+def stale_build_locks(env: dict[str, str] | None = None, now: float | None = None) -> list[str]:
+    """One warning per torch extension build lock under the job's extensions root that no build has touched
+    for STALE_LOCK_MINUTES: the op, the file and how to clear it. Ops sit under the root
+    (TORCH_EXTENSIONS_DIR) or under a `py311_cu121`-style folder in it (torch's default)."""
+    root = extensions_root(env)
+    if root is None or not root.is_dir():
+        return []
+    now = time.time() if now is None else now
+    warnings = []
+    for lock in sorted([*root.glob("*/lock"), *root.glob("*/*/lock")]):
+        try:
+            idle = now - lock.stat().st_mtime
+        except OSError:
+            continue
+        if idle >= STALE_LOCK_MINUTES * 60:
+            warnings.append(
+                f"{lock} is a build lock no build has touched for {idle / 60:.0f} min; if no build of "
+                f"{lock.parent.name} is running, a killed one left it, and every job that JIT-builds that op "
+                f"waits on it forever (stuck after \"Using ... as PyTorch extensions root\"): remove it "
+                f"(rm {lock})")
+    return warnings
