@@ -37,11 +37,12 @@ def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
     from lossguard.probe.launch import job_env
     from lossguard.probe.preflight import MissingPiece, check_job_stack
 
+    env = job_env(None)
     try:
-        check_job_stack("the demo", env=job_env(None))
+        check_job_stack("the demo", env=env)
     except MissingPiece as exc:
         raise UserError(str(exc)) from None
-    warn_stale_build_locks(job_env(None))
+    warn_stale_build_locks(env)
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="lossguard-demo-"))
     from lossguard.demo_flow import run_demo
     from lossguard.probe.job import stop_jobs_on_signals

@@ -38,8 +38,10 @@ _GREP_MEMORY = 192 << 20
 ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
 
-def uncoloured(line: bytes) -> bytes:
-    return ANSI.sub(b"", line) if b"\x1b[" in line else line
+def uncoloured(text: bytes) -> bytes:
+    """`text` without colour codes. ESC alone is looked for first: one memchr, where the two-byte search costs
+    as much as the rest of a grep block's handling."""
+    return ANSI.sub(b"", text) if b"\x1b" in text and b"\x1b[" in text else text
 
 
 @dataclass(slots=True)
@@ -88,8 +90,7 @@ def iter_lines(stream: BinaryIO, counts: ScanCounts | None = None, skip_to: int 
         body, tail = buf[:cut], _keep_ends(buf[cut:])
         if not body:
             continue
-        if b"\x1b" in body and b"\x1b[" in body:  # whole lines only: no code is cut (ESC alone: a memchr)
-            body = ANSI.sub(b"", body)
+        body = uncoloured(body)  # whole lines only: no code is cut
         pos = 0
         counted_to = 0
         while match := anchors.search(body, pos):
@@ -160,10 +161,7 @@ def _read_grep(proc: subprocess.Popen, path: Path, counts: ScanCounts | None) ->
         while block := proc.stdout.read1(_PIPE_BYTES):
             if pending:
                 block = pending + block
-            # A code cut at the block's end is whole once the next block joins it. ESC alone is one memchr;
-            # the two-byte search costs as much as the rest of the block's handling.
-            if b"\x1b" in block and b"\x1b[" in block:
-                block = ANSI.sub(b"", block)
+            block = uncoloured(block)  # a code cut at the block's end is whole once the next block joins it
             lines = block.split(b"\n")
             pending = _keep_ends(lines.pop())
             for raw in lines:
