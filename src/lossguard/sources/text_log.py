@@ -137,9 +137,7 @@ class TextLogParser:
             if not pairs:
                 return None
             signals, step, is_eval, is_summary = self._pairs(pairs, text)
-        recent[text] = None
-        if len(recent) > _DEDUPE_WINDOW:
-            recent.popitem(last=False)
+        self._remember(text)
         if is_summary:
             return Record(step=self.last_step, kind=EVENT, event="train-summary", data=signals,
                           source=self.source, line_no=line_no)
@@ -169,21 +167,22 @@ class TextLogParser:
 
     def _next_log(self, text: bytes, signals: dict[str, float], line_no: int | None) -> Record:
         """The record of a train log dict that names no step and has nothing before it on its line: the
-        general path's outcome for such a dict (step one interval past the last, `_guess_step`), written
-        out, because it is most lines of a big log."""
+        general path's outcome for such a dict, without its tests for a step, an evaluation or a summary,
+        because it is most lines of a big log."""
+        self._remember(text)
+        step, ordinal, _ = self._guess_step()
+        self.num_logs += 1
+        # One interval past the last step: `_advance` would leave the interval as it is.
+        self.last_step = self._last_log_step = step
+        record = self.guessed = Record(step, None, signals, TRAIN, None, {}, self.source, line_no, ordinal)
+        return record
+
+    def _remember(self, text: bytes) -> None:
+        """Note a log dict's text, so that another node's copy of it is dropped (the last _DEDUPE_WINDOW)."""
         recent = self._recent_keys
         recent[text] = None
         if len(recent) > _DEDUPE_WINDOW:
             recent.popitem(last=False)
-        last = self.last_step
-        if last is None:
-            step, ordinal = 1, True
-        else:  # one interval on: `_advance` would leave the interval as it is
-            step, ordinal = last + self._interval, not self._real_steps
-        self.num_logs += 1
-        self.last_step = self._last_log_step = step
-        record = self.guessed = Record(step, None, signals, TRAIN, None, {}, self.source, line_no, ordinal)
-        return record
 
     def _open_dict(self, line: bytes, start: int, line_no: int | None) -> Record | None:
         """A dict the line ends before closing (wrapped by the terminal, or cut): what it holds so far, a
