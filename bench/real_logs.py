@@ -35,6 +35,8 @@ class Outcome:
     verdict: str | None = None  # None: refused (exit 2)
     signature: str | None = None
     top_cause: str = ""
+    top_confidence: str = ""  # the first cause's rank word (likely / possible / unlikely)
+    candidates: list = field(default_factory=list)  # every ranked cause id, in order
     refusal: str = ""
     verdict_ok: bool = False
     signature_ok: bool = False
@@ -43,7 +45,23 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return self.verdict_ok and self.signature_ok and self.cause_ok
+        return self.verdict_ok and self.signature_ok and self.cause_ok and self.strict_cause_ok is not False
+
+    @property
+    def strict_cause_ok(self) -> bool | None:
+        """causes[0].id is one of the label's cause_ids; None where the label names no cause id."""
+        accepted = self.expected.get("cause_ids")
+        return None if not accepted else self.top_cause in accepted
+
+    @property
+    def likely_wrong(self) -> bool:
+        """A first cause called likely that the label's cause_ids do not accept (or on a case the label calls
+        healthy only): the confident folklore the strict score counts against."""
+        if self.top_confidence != "likely":
+            return False
+        if self.expected.get("cause_ids"):
+            return self.top_cause not in self.expected["cause_ids"]
+        return _is_healthy_only(self.expected)
 
 
 def case_dirs(root: Path) -> list[Path]:
@@ -71,6 +89,8 @@ def score_case(case_dir: Path, label: dict) -> Outcome:
     outcome.verdict, outcome.signature = result["verdict"], result["signature"]
     causes = result.get("causes") or []
     outcome.top_cause = causes[0]["id"] if causes else ""
+    outcome.top_confidence = causes[0]["confidence"] if causes else ""
+    outcome.candidates = [c["id"] for c in causes]
     outcome.verdict_ok = outcome.verdict in label.get("verdict", [])
     accepted = label.get("signature") or []
     outcome.signature_ok = not accepted or outcome.signature in accepted
@@ -179,7 +199,19 @@ def print_table(outcomes: list[Outcome]) -> None:
     print(f"signature right       : {share(sum(o.verdict_ok and o.signature_ok for o in outcomes))}")
     print(f"top cause right       : {sum(o.cause_ok and o.verdict is not None for o in with_causes):3d}/"
           f"{len(with_causes)} of the cases with cause keywords")
-    print(f"all three right       : {share(sum(o.passed for o in outcomes))}")
+    strict = [o for o in outcomes if o.expected.get("cause_ids")]
+    print(f"strict first cause    : {sum(bool(o.strict_cause_ok) for o in strict):3d}/{len(strict)} of the cases "
+          "with cause_ids (causes[0].id in the list)")
+    print(f"  right cause ranked  : {sum(any(c in o.expected['cause_ids'] for c in o.candidates) for o in strict):3d}"
+          f"/{len(strict)} among the candidates")
+    likely = [o for o in strict if o.top_confidence == "likely"]
+    print(f"likely precision      : {sum(bool(o.strict_cause_ok) for o in likely):3d}/{len(likely)} of the "
+          "'likely' first causes on cases with cause_ids are right")
+    print(f"likely coverage       : {len(likely):3d}/{len(strict)} of the cases with cause_ids get a 'likely' "
+          "first cause")
+    print(f"wrong and likely      : {sum(o.likely_wrong for o in outcomes):3d} (any case: a likely first cause "
+          "not in cause_ids, or on a healthy-only case)")
+    print(f"all right             : {share(sum(o.passed for o in outcomes))}")
     print(f"healthy called broken : {sum(_is_healthy_only(o.expected) and o.verdict == 'broken' for o in outcomes)}"
           f"/{sum(_is_healthy_only(o.expected) for o in outcomes)}")
     print(f"refused (exit 2)      : {sum(o.verdict is None for o in outcomes)}")
@@ -191,6 +223,10 @@ def print_table(outcomes: list[Outcome]) -> None:
         want = f"{'|'.join(o.expected.get('verdict', []))}/{'|'.join(o.expected.get('signature') or ['any'])}"
         if o.expected.get("cause"):
             want += f" cause~{'|'.join(o.expected['cause'])}"
+        if o.expected.get("cause_ids"):
+            want += f" cause_id={'|'.join(o.expected['cause_ids'])}"
+        if o.top_cause:
+            got += f" ({o.top_confidence}; candidates {', '.join(o.candidates)})"
         print(f"  {o.case}\n      got  {got}\n      want {want}")
 
 

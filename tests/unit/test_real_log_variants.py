@@ -1,8 +1,11 @@
 """Metamorphic tests of `lossguard analyze` on the real logs (../shared/reallogs): a log rewritten the way
 capturing or pasting it could have (bench/log_variants.py: launcher / logger prefixes, GitHub paste remnants,
 CRLF, colour codes, trailing spaces, tabs, noise lines, a cut head, per-node copies, transformers-5 quoting)
-keeps a verdict and signature its case's label accepts (the acceptance rule of bench/real_logs.py). A rewrite
-that would change what a given log says is skipped, with the reason. Skips when the set is absent."""
+keeps the outcome of its base case: where the unrewritten log gets a verdict and signature its label accepts
+(the acceptance rule of bench/real_logs.py), every rewrite of it must too. A case whose own log is not yet
+accepted guards nothing and is skipped with that reason, so the test grows as cases come to pass (for a
+mechanism's reason, never by a list). A rewrite that would change what a given log says is skipped, with the
+reason. Skips when the set is absent."""
 
 import importlib.util
 import sys
@@ -50,7 +53,7 @@ def originals():
 
 @pytest.mark.parametrize("transform", VARIANTS.NAMES)
 @pytest.mark.parametrize("case", CASES)
-def test_a_meaning_preserving_rewrite_keeps_an_accepted_verdict_and_signature(bench, labels, originals, case,
+def test_a_meaning_preserving_rewrite_keeps_its_base_cases_accepted_outcome(bench, labels, originals, case,
                                                                                transform):
     case_dir = REAL_LOGS / case
     label = labels.get(bench.case_id(case_dir))
@@ -58,6 +61,10 @@ def test_a_meaning_preserving_rewrite_keeps_an_accepted_verdict_and_signature(be
         pytest.skip("case has no label")
     if case not in originals:
         originals[case] = bench.score_case(case_dir, label)
+    base = originals[case]
+    if not (base.verdict_ok and base.signature_ok):
+        pytest.skip(f"the unrewritten log is not accepted yet (got {base.verdict}/{base.signature}): a rewrite of "
+                    "it has no accepted outcome to keep")
     variant = bench.score_variant(case_dir, label, transform, originals[case])
     if variant is None:
         pytest.skip(f"{transform} does not apply to this log or would change what it says (the reason is in "
