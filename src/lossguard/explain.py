@@ -9,6 +9,7 @@ from lossguard.detectors import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.signatures import SIGNATURES
 from lossguard.knowledge import ISSUES, KnownIssue, get_issue
+from lossguard.knowledge.conditions import NoneKnown
 
 FORMATS = """\
 Formats `lossguard analyze` reads (auto-detected per file; per line inside text logs, mixed allowed):
@@ -127,6 +128,12 @@ def _signature(sig: str) -> str:
     return "\n".join(lines)
 
 
+def _role(condition) -> str:
+    if condition.supports:
+        return "for"
+    return "not shown" if isinstance(condition.subject, NoneKnown) else "against"
+
+
 def known_issue(issue: KnownIssue) -> str:
     """One known issue as `lossguard explain ID` and docs/causes.md show it."""
     lines = [f"{issue.id}: {issue.title}", "", f"mechanism: {issue.mechanism}"]
@@ -139,7 +146,12 @@ def known_issue(issue: KnownIssue) -> str:
     rule = next((c for c in CAUSES if c.id == issue.id), None)
     if rule is not None:
         lines.append("ranked for: " + ", ".join(f"{sig} (prior {p:.2f})" for sig, p in rule.priors.items()))
-        lines += [f"  {'for' if c.supports else 'against'} (x{c.factor:g}): {c.describe()}" for c in rule.conditions]
+        lines += [f"  shown by (x{c.factor:g}, can make it likely): {c.describe()}" for c in rule.shown_by]
+        lines += [f"  ruled out by (x{c.factor:g}, makes it unlikely): {c.describe()}" for c in rule.ruled_out_by]
+        lines += [f"  {_role(c)} (x{c.factor:g}): {c.describe()}" for c in rule.conditions]
+        if rule.decide:
+            lines.append(f"  when none of the deciding facts is known it is at most possible; what decides: "
+                         f"{rule.decide}")
     rules = [r.code for r in _lint_rules() if issue.id in getattr(r, "issues", ())]
     if rules:
         lines.append("lint rules: " + ", ".join(rules))

@@ -33,6 +33,7 @@ class Stats:
     num_train: int = 0
     num_eval: int = 0
     events: collections.Counter = field(default_factory=collections.Counter)
+    event_origins: dict = field(default_factory=dict)  # event name -> where it was first read
     ranks: set = field(default_factory=set)
     first_step: int | None = None
     last_step: int | None = None
@@ -258,6 +259,8 @@ class Engine:
             stats.ranks.add(first.rank)
         if first.kind == EVENT:
             stats.events[first.event] += 1
+            if first.event not in stats.event_origins and first.where:
+                stats.event_origins[first.event] = first.where
             if first.event == "facts":
                 for name, value in first.data.items():
                     if hasattr(self.facts, name) and name != "origin":

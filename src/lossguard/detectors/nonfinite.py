@@ -101,7 +101,8 @@ class NonFiniteLoss(DetectorBase):
         before = self.counts.previous(record.rank, "loss")
         if before is not None and 0.0 < before < math.inf and not is_nonfinite(loss) and loss >= _JUMP * before:
             return self._fire(record, f"the loss jumped from {before:g} to {loss:g} at step {record.step} with a "
-                                      f"gradient norm of {grad}: the step blew up", "grad_norm", grad)
+                                      f"gradient norm of {grad}: the step blew up", "grad_norm", grad,
+                              loss_exploded=1)
         lr = record.signals.get("lr")
         if pending is None:
             # The LR a skip would freeze: only where the schedule was moving before (a constant schedule
@@ -136,7 +137,7 @@ class NonFiniteLoss(DetectorBase):
             "loss, none followed by a dead loss): a skipped fp16 step would look like this, but this log shows "
             "no skipping (no OVERFLOW line, no loss-scale drop, the LR moved on). Check the run's skipped-step "
             "count; under bf16 without check_grad_overflow such a step makes the weights NaN", step, rank,
-            severity=Severity.WARNING, signal="grad_norm", value=str(grad), on_eval=0)
+            severity=Severity.WARNING, signal="grad_norm", value=str(grad), on_eval=0, loss_finite=1)
 
     def _drop_stale(self, record: Record) -> None:
         """A grad norm came between the pending one and this record that the engine did not route: a
@@ -148,11 +149,22 @@ class NonFiniteLoss(DetectorBase):
         if self.counts.seq(record.rank, "grad_norm") - here > pending[2]:
             del self._pending[record.rank]
 
-    def _fire(self, record: Record, message: str, signal: str, value: float) -> list[Finding]:
+    def _fire(self, record: Record, message: str, signal: str, value: float, **data) -> list[Finding]:
         pending = self._pending.pop(record.rank, None)
         step = pending[0] if pending is not None else record.step
-        return self.emit(message, step, record.rank, signal=signal, value=str(value),
-                         on_eval=int(signal == "eval_loss"))
+        data.update(signal=signal, value=str(value), on_eval=int(signal == "eval_loss"))
+        # Which went non-finite first: the gradient beside a finite loss (the forward pass was fine, the
+        # fault is in backward or the gradient reduction) or the loss itself (the forward pass). A loss
+        # that blew up beside the norm is neither: the update before it already went wrong.
+        if data.get("loss_exploded"):
+            pass
+        elif pending is not None:
+            data["loss_finite"] = 1
+        elif signal == "grad_norm" and (loss := record.signals.get("loss")) is not None:
+            data["loss_finite"] = int(loss != 0.0 and not is_nonfinite(loss))
+        elif signal in ("loss", "raw_loss") and self.counts.seq(record.rank, "grad_norm"):
+            data["loss_finite"] = 0  # only where the log shows grad norms: else which came first is unknown
+        return self.emit(message, step, record.rank, **data)
 
     def _skipped_here(self, record: Record) -> bool:
         # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.
@@ -222,7 +234,7 @@ class HiddenNonFinite(DetectorBase):
             return self._fire(state, record.rank, f"grad_norm is {grad} next to it")
         if (k := sentinel_index(grad)) is not None:
             return self._fire(state, record.rank, f"grad_norm {grad} is DeepSpeed's sqrt({k}) sentinel "
-                                                  "for non-finite gradients")
+                                                  "for non-finite gradients", sentinel_groups=k)
         if state.zero_streak >= _ZERO_STREAK:
             return self._fire(state, record.rank, f"{state.zero_streak} logs in a row are exactly 0.0")
         return []
@@ -252,13 +264,14 @@ class HiddenNonFinite(DetectorBase):
             state.last_finite, state.zero_since, state.zero_streak = value, None, 0
             state.seq = upto
 
-    def _fire(self, state: _ZeroState, rank: int | None, why: str) -> list[Finding]:
+    def _fire(self, state: _ZeroState, rank: int | None, why: str, **data) -> list[Finding]:
         if self.fired is not None:
             return self.again()
         return self.emit(
             f"loss went from {state.last_finite:g} to exactly 0.0 at step {state.zero_since}: the Trainer's "
             f"NaN filter hides non-finite losses as 0.0 ({why}); the weights are most likely NaN",
-            state.zero_since, rank, previous_loss=state.last_finite, evidence=why)
+            state.zero_since, rank, previous_loss=state.last_finite, evidence=why,
+            lr_frozen=int(state.lr_frozen), **data)
 
 
 @dataclass

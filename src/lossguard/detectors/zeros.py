@@ -132,9 +132,13 @@ class NoGradientFlow(DetectorBase):
         streak = self._state[record.rank].grad_zero
         if streak.update(holds, record.step, self.counts.seq(record.rank, "grad_norm")) >= _STREAK:
             hint = f" ({'; '.join(self.hints)})" if self.hints else ""
+            # A zero norm beside an LR still at 0 is what a skipped step prints (DeepSpeed returns before
+            # computing the norm, and the scheduler does not step): the ranking reads it.
+            lr = record.signals.get("lr")
+            data = {} if lr is None else {"lr_zero": int(lr == 0.0)}
             return self.emit(
                 f"grad_norm is exactly 0 from step {streak.since} while the loss is {loss:g}: "
-                f"no trainable parameter receives a gradient{hint}", streak.since, record.rank)
+                f"no trainable parameter receives a gradient{hint}", streak.since, record.rank, **data)
         return []
 
     def _event(self, record: Record) -> list[Finding]:

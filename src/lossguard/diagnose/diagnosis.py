@@ -36,6 +36,7 @@ class Diagnosis:
             "onset_step": self.onset_step,
             "summary": self.summary,
             "causes": [c.to_dict() for c in self.causes],
+            "deciding_facts": deciding_facts(self.causes),
             "findings": [f.to_dict() for f in self.findings],
             "facts": self.result.facts.known(),
             "stats": {
@@ -87,11 +88,36 @@ def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) 
     if facts.get("world_size") is None and len(result.stats.ranks) > 1:
         facts["world_size"] = len(result.stats.ranks)
     measured: dict[tuple[str, str], float] = {}
+    origins: dict[str, str] = {}
+    ordinal = result.stats.steps_are_ordinal
     for finding in findings:
         for key, value in finding.data.items():  # e.g. LOSS007 eval_ratio
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 measured.setdefault((finding.code, key), value)
+        if finding.code not in origins:
+            origins[finding.code] = finding.location or _at(finding.step, ordinal)
     first = result.stats.first_step
     return RunEvidence(facts=facts, origins=dict(result.facts.origin), events=dict(result.stats.events),
                        fired={f.code for f in findings}, measured=measured,
-                       onset_at_start=onset is not None and first is not None and onset <= first + 1)
+                       onset_at_start=onset is not None and first is not None and onset <= first + 1,
+                       event_origins=dict(result.stats.event_origins), finding_origins=origins,
+                       onset_origin=_at(onset, ordinal))
+
+
+def _at(step: int | None, ordinal: bool) -> str:
+    """A step as a location in the log: the log's own step number, or the n-th log where it has none."""
+    if step is None:
+        return "the whole log"
+    return f"log #{step}" if ordinal else f"step {step}"
+
+
+def deciding_facts(causes: list[Cause]) -> list[str]:
+    """What the inputs do not show and would decide between the leading candidates: the `decide` of each
+    undecided cause among the first three, once each. Empty when the first cause is decided."""
+    if not causes or not causes[0].undecided:
+        return []
+    seen: list[str] = []
+    for cause in causes[:3]:
+        if cause.undecided and cause.decide not in seen:
+            seen.append(cause.decide)
+    return seen

@@ -29,6 +29,10 @@ class RunEvidence:
     fired: set[str] = field(default_factory=set)
     measured: dict[tuple[str, str], float] = field(default_factory=dict)
     onset_at_start: bool | None = None
+    # Where each was read, for evidence lines: event name -> "train.log:12"; detector code -> "step 40".
+    event_origins: dict[str, str] = field(default_factory=dict)
+    finding_origins: dict[str, str] = field(default_factory=dict)
+    onset_origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,7 @@ class Event:
         return f"log events {self.name!r}"
 
     def origin(self, run: RunEvidence) -> str | None:
-        return None
+        return run.event_origins.get(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,7 @@ class Fired:
         return f"finding {self.code} fired"
 
     def origin(self, run: RunEvidence) -> str | None:
-        return None
+        return run.finding_origins.get(self.code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +117,7 @@ class Measured:
         return f"{self.code} {self.key}"
 
     def origin(self, run: RunEvidence) -> str | None:
-        return None
+        return run.finding_origins.get(self.code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +132,7 @@ class OnsetAtStart:
         return "onset at the first logged step"
 
     def origin(self, run: RunEvidence) -> str | None:
-        return None
+        return run.onset_origin
 
 
 @dataclass(frozen=True, slots=True)

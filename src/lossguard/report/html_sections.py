@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from lossguard.core.findings import Finding
+from lossguard.diagnose.diagnosis import deciding_facts
 from lossguard.diagnose.ranking import Cause
 from lossguard.report.svg import (
     MAX_POINTS_PER_PAGE,
@@ -108,9 +109,12 @@ def causes_html(causes: Sequence[Cause]) -> str:
             + (f'<ul class="evidence">{evidence}</ul>' if evidence else "")
             + (f'<div class="fix"><b>Fix:</b> {escape(cause.fix)}</div>' if cause.fix else "")
             + (f'<div class="confirm"><b>Confirm:</b> {escape(cause.confirm)}</div>' if cause.confirm else "")
-            + (f'<div class="links">Evidence: {links}</div>' if links else "")
+            + (f'<div class="links">Documented in: {links}</div>' if links else "")
             + "</li>")
-    return '<h2 id="causes">Likely causes</h2><ol class="causes">' + "".join(items) + "</ol>"
+    deciding = "".join(f"<li>{escape(line)}</li>" for line in deciding_facts(list(causes)))
+    decide = (f'<p class="decide">The inputs do not show what would decide between these causes; supply:</p>'
+              f'<ul class="decide">{deciding}</ul>') if deciding else ""
+    return '<h2 id="causes">Causes, ranked</h2><ol class="causes">' + "".join(items) + "</ol>" + decide
 
 
 def link_html(url: str) -> str:

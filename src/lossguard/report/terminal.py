@@ -10,7 +10,7 @@ from rich.text import Text
 
 from lossguard.core.findings import Severity
 from lossguard.core.records import EVENT
-from lossguard.diagnose.diagnosis import Diagnosis
+from lossguard.diagnose.diagnosis import Diagnosis, deciding_facts
 
 _VERDICT_STYLE = {"healthy": "bold green", "warning": "bold yellow", "broken": "bold red"}
 _TIMELINE_SIGNALS = ("loss", "raw_loss", "grad_norm", "lr", "loss_scale", "num_label_tokens", "eval_loss")
@@ -80,7 +80,7 @@ def _timeline(console: Console, diagnosis: Diagnosis) -> None:
 def _causes(console: Console, diagnosis: Diagnosis) -> None:
     if not diagnosis.causes:
         return
-    console.print(Text("likely causes", style="bold"))
+    console.print(Text("causes, ranked", style="bold"))
     for i, cause in enumerate(diagnosis.causes, 1):
         console.print(Text.assemble((f" {i}. ", "bold"), (f"{cause.likelihood:<9}", "cyan"), cause.title))
         for line in cause.evidence:
@@ -91,7 +91,12 @@ def _causes(console: Console, diagnosis: Diagnosis) -> None:
         if i == 1 and cause.confirm:
             console.print(Text.assemble(("      confirm: ", "dim"), cause.confirm))
         if i == 1 and cause.links:
-            console.print(Text("      see: " + " ".join(cause.links[:3]), style="dim"))
+            console.print(Text("      documented in: " + " ".join(cause.links[:3]), style="dim"))
+    deciding = deciding_facts(diagnosis.causes)
+    if deciding:
+        console.print(Text("the inputs do not show what would decide between these causes; supply:", style="bold"))
+        for line in deciding:
+            console.print(Text(f"  - {line}"))
 
 
 def _findings(console: Console, diagnosis: Diagnosis, limit: int) -> None:
