@@ -37,6 +37,8 @@ class Outcome:
     top_cause: str = ""
     top_confidence: str = ""  # the first cause's rank word (likely / possible / unlikely)
     candidates: list = field(default_factory=list)  # every ranked cause id, in order
+    top_share: float = 0.0  # the first cause's share of the scores
+    top_shown: bool = False  # one of its deciding facts holds on the inputs (the cap allows "likely")
     refusal: str = ""
     verdict_ok: bool = False
     signature_ok: bool = False
@@ -82,10 +84,13 @@ def score_case(case_dir: Path, label: dict) -> Outcome:
 
     outcome = Outcome(case_dir.name, expected=label)
     try:
-        result = analyze([str(p) for p in log_files(case_dir)]).to_dict()
+        diagnosis = analyze([str(p) for p in log_files(case_dir)])
     except SourceError as exc:
         outcome.refusal = str(exc)[:160]
         return outcome
+    result = diagnosis.to_dict()
+    if diagnosis.causes:
+        outcome.top_share, outcome.top_shown = diagnosis.causes[0].confidence, diagnosis.causes[0].shown
     outcome.verdict, outcome.signature = result["verdict"], result["signature"]
     causes = result.get("causes") or []
     outcome.top_cause = causes[0]["id"] if causes else ""
@@ -211,6 +216,11 @@ def print_table(outcomes: list[Outcome]) -> None:
           "first cause")
     print(f"wrong and likely      : {sum(o.likely_wrong for o in outcomes):3d} (any case: a likely first cause "
           "not in cause_ids, or on a healthy-only case)")
+    print("likely threshold sweep (first causes shown by a deciding fact, cases with cause_ids): share >= t")
+    for t in (0.3, 0.35, 0.4, 0.45, 0.5, 0.6):
+        hit = [o for o in strict if o.top_shown and o.top_share >= t]
+        right = sum(bool(o.strict_cause_ok) for o in hit)
+        print(f"  t={t:.2f}: precision {right}/{len(hit)}, coverage {len(hit)}/{len(strict)}")
     print(f"all right             : {share(sum(o.passed for o in outcomes))}")
     print(f"healthy called broken : {sum(_is_healthy_only(o.expected) and o.verdict == 'broken' for o in outcomes)}"
           f"/{sum(_is_healthy_only(o.expected) for o in outcomes)}")

@@ -313,11 +313,14 @@ CAUSES: tuple[CauseRule, ...] = (
                   grad_first(0.5, "numerical overflow in the forward pass makes the loss non-finite first")),
               decide=f"{PRECISION}, and the loss before the NaN (a spike or rise before it points to the "
                      "learning rate)"),
-    # An evaluation loss averages over supervised tokens: one eval batch (or shard) with none is 0/0.
+    # An evaluation loss averages over supervised tokens: one eval batch (or shard) with none is 0/0. Rare
+    # behind a NaN in general (a small prior); the log's own fact, NaN in evaluation only, decides it.
     CauseRule(tr.EVAL_ONLY_NAN, {"nonfinite": 0.02},
               shown_by=(measured("LOSS001", "on_eval", ">=", 1, 50.0,
                                  "the evaluation loss is non-finite while training logs stay finite"),),
               decide="the supervised-token count per evaluation batch"),
+    # Both RL causes apply only to RL trainers' logs (reward columns): small priors, decided by GRAD006's
+    # reading of the rewards beside the zero gradient.
     CauseRule(tr.RL_DEGENERATE_REWARDS, {"no-grad-flow": 0.02, "not-learning": 0.02},
               shown_by=(measured("GRAD006", "degenerate_rewards", ">=", 1, 100.0,
                                  "an RL step with zero gradient whose groups all have identical rewards "

@@ -220,15 +220,19 @@ NUMERICAL_INSTABILITY = KnownIssue(
 
 EVAL_ONLY_NAN = KnownIssue(
     id="eval-batch-nan",
-    title="NaN in evaluation only: an eval batch (or context-parallel shard) with no supervised token",
-    mechanism="the evaluation loss is a mean over supervised tokens; a batch or sequence shard whose labels "
-              "are all -100 divides 0 by 0, and one NaN batch makes the averaged eval loss NaN while training "
-              "is fine (training skips or masks such batches, or sums instead of averaging).",
-    config="context parallelism / sequence sharding, packing, eval samples longer than the max length",
+    title="NaN in evaluation only: an evaluation batch with no supervised token averages 0 by 0",
+    mechanism="a mean-reduced cross-entropy over zero supervised tokens is 0/0 = NaN, and one NaN batch makes "
+              "the averaged evaluation loss NaN. Training rarely shows it: the Trainer's NaN filter hides a NaN "
+              "training loss, sum-reduced losses give 0 for such a batch, and only evaluation averages every "
+              "batch as it is. Any evaluation sample whose labels are all masked does it: answers truncated "
+              "by the max length, a template that masks the whole sample, packing, or a sequence split across "
+              "context-parallel ranks so that one shard holds no label (axolotl#3026 is one example).",
+    config="evaluation samples that can lose every label: long samples with truncation, packing, context "
+           "parallelism / sequence sharding, a template mismatch",
     symptoms="eval_loss nan while the training loss and grad norm stay finite and learn",
-    fix="drop eval samples with no supervised token, average with nanmean / a token-weighted sum across "
-        "shards, or raise the eval max length",
-    confirm="count supervised tokens per eval batch (and per shard); the NaN batch has 0",
+    fix="drop evaluation samples with no supervised token, average with a token-weighted sum across batches "
+        "and shards (or nanmean), or raise the evaluation max length",
+    confirm="count supervised tokens per eval batch (and per shard): the NaN batch has 0",
     sources=("https://github.com/axolotl-ai-cloud/axolotl/issues/3026",),
 )
 
@@ -250,16 +254,20 @@ RL_DEGENERATE_REWARDS = KnownIssue(
 RL_UPDATE_LOST = KnownIssue(
     id="rl-update-lost",
     title="RL step with varying rewards but a gradient of exactly 0: the update never reaches the weights",
-    mechanism="with rewards that differ inside groups the advantages are non-zero, so an exact 0.0 gradient "
-              "norm (and a KL of 0, the policy identical to the reference) means the gradient is lost on its "
-              "way to the trainable weights: parameters frozen or not in the optimizer, or an engine bug "
-              "(older DeepSpeed ZeRO releases with the RL trainers' reference-model setup).",
-    config="GRPO / PPO under DeepSpeed ZeRO with an old DeepSpeed release, LoRA or partially frozen models",
-    symptoms="grad_norm 0.0 and kl 0.0 on every step while reward and reward_std look normal",
-    fix="upgrade DeepSpeed (and the RL framework) to a current release; check that the trainable parameters "
-        "require grad and are in the optimizer",
-    confirm="after the upgrade grad_norm and kl become non-zero on the same data; or compare one step "
-            "without DeepSpeed",
+    mechanism="when the rewards differ inside a group, the group-normalised advantages are non-zero, so the "
+              "policy loss has a non-zero gradient on every trainable parameter it depends on. A gradient norm "
+              "of exactly 0.0 then means that no trainable parameter received it: the parameters are frozen "
+              "(requires_grad false, an adapter attached to no module), the norm and the optimizer see other "
+              "parameters than the loss (a policy wrapped or copied after the optimizer was built, a reference "
+              "model mixed up with the policy), or the engine drops the gradient (ms-swift#5890 with an old "
+              "DeepSpeed ZeRO release is one example). A KL of 0 beside it says the policy never moved from "
+              "the reference.",
+    config="GRPO / PPO / RLOO under any trainer; LoRA or partially frozen policies, DeepSpeed ZeRO",
+    symptoms="grad_norm 0.0 (and kl 0.0) on every step while reward and reward_std vary",
+    fix="check that the policy's trainable parameters require grad and are the ones in the optimizer; with "
+        "DeepSpeed, upgrade it and the RL framework to current releases",
+    confirm="after one step, compare a trainable weight before and after, and the trainable parameter names "
+            "with the optimizer's; or run one step without DeepSpeed",
     sources=("https://github.com/modelscope/ms-swift/issues/5890",),
 )
 
