@@ -93,3 +93,20 @@ def test_on_real_logs_evidence_is_a_located_fact_and_every_likely_cause_cites_on
                 assert any(_LOCATION.search(line) for line in cause["evidence"]), (case.name, cause)
             if cause["confidence"] == "possible" and result["causes"][0] is cause and cause["decided_by"]:
                 assert cause["decided_by"] in result["deciding_facts"]
+
+
+def test_a_loss_that_was_steady_before_it_died_argues_against_an_unstable_update():
+    steady = RunEvidence(steady_logs_before_onset=12, onset_origin="step 40")
+    unsure = RunEvidence()
+    for cause_id in ("numerical-nan", "lr-too-high"):
+        before = _by_id(rank_causes("nonfinite", unsure))[cause_id].confidence
+        after = _by_id(rank_causes("nonfinite", steady)).get(cause_id)
+        assert after is None or (after.confidence < before and any("steady for 12 logs" in line and
+                                                                   "[before step 40]" in line
+                                                                   for line in after.against))
+
+
+def test_fp32_shown_rules_out_the_fp16_overflow():
+    run = RunEvidence(facts={"fp16": False, "bf16": False}, events={"lr-before-step": 5})
+    cause = _by_id(rank_causes("lr-zero", run)).get("fp16-activation-overflow")
+    assert cause is None or cause.likelihood == "unlikely"

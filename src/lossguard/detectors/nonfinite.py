@@ -160,8 +160,9 @@ class NonFiniteLoss(DetectorBase):
             pass
         elif pending is not None:
             data["loss_finite"] = 1
-        elif signal == "grad_norm" and (loss := record.signals.get("loss")) is not None:
-            data["loss_finite"] = int(loss != 0.0 and not is_nonfinite(loss))
+        elif signal == "grad_norm" and (loss := record.signals.get("loss")) not in (None, 0.0):
+            # (A loss of 0.0 beside it is the NaN filter's, or masked labels: it tells neither way.)
+            data["loss_finite"] = int(not is_nonfinite(loss))
         elif signal in ("loss", "raw_loss") and self.counts.seq(record.rank, "grad_norm"):
             data["loss_finite"] = 0  # only where the log shows grad norms: else which came first is unknown
         return self.emit(message, step, record.rank, **data)

@@ -34,6 +34,7 @@ from lossguard.knowledge.conditions import (
     Measured,
     NoneKnown,
     OnsetAtStart,
+    SteadyBeforeOnset,
     inside,
     outside,
 )
@@ -85,6 +86,12 @@ def measured(code: str, key: str, op: str, value: float, factor: float, reason: 
 
 def onset_at_start(factor: float, reason: str) -> Condition:
     return Condition(OnsetAtStart(), "==", True, factor, reason)
+
+
+def steady_before(factor: float, mechanism: str) -> Condition:
+    """At least three finite losses logged before the onset, none of them a spike or part of a rise."""
+    return Condition(SteadyBeforeOnset(), ">=", 3, factor, "the loss was steady for {value} logs before the failure, "
+                     f"with no spike or rise: {mechanism}")
 
 
 def unknown(names: tuple[str, ...], factor: float, reason: str) -> Condition:
@@ -197,7 +204,8 @@ CAUSES: tuple[CauseRule, ...] = (
               shown_by=(fact("fp16", "==", True, 2.0, "fp16 is on"),
                         event("overflow", 2.0, "{value} loss-scale OVERFLOW lines"),
                         event("scale-at-minimum", 2.0, "the loss scale hit its minimum")),
-              ruled_out_by=(fact("bf16", "==", True, 0.1, "the run is bf16: no loss scale, no overflow skip"),),
+              ruled_out_by=(fact("bf16", "==", True, 0.1, "the run is bf16: no loss scale, no overflow skip"),
+                            fact("fp16", "==", False, 0.1, "fp16 is off: no loss scale, no overflow skip")),
               conditions=(
                   event("lr-before-step", 3.0, "{value} warnings that the optimizer has not stepped yet: every "
                                                "step so far was skipped, as fp16 overflow skips are"),
@@ -221,7 +229,8 @@ CAUSES: tuple[CauseRule, ...] = (
     CauseRule(tr.LR_TOO_HIGH, {"divergence": 0.7, "loss-spike": 0.6, "nonfinite": 0.15, "nonfinite-hidden": 0.1},
               shown_by=(fired("LOSS006", 2.0, "a loss spike came before"),
                         fired("LOSS005", 2.0, "the loss diverged"), LOSS_EXPLODED),
-              conditions=(onset_at_start(0.5, "trouble from the very first step, before any large update"),),
+              conditions=(onset_at_start(0.5, "trouble from the very first step, before any large update"),
+                          steady_before(0.3, "a learning rate too high shows in the loss before it breaks")),
               decide="the loss before the failure: the log from the first step (a spike or a rise before the "
                      "NaN points to the learning rate)"),
     CauseRule(tr.MASKED_BATCH_NAN, {"nonfinite-hidden": 0.1, "nonfinite": 0.1},
@@ -310,6 +319,7 @@ CAUSES: tuple[CauseRule, ...] = (
                   measured("LOSS002", "lr_frozen", ">=", 1, 2.0,
                            "the learning rate did not move at that log: the optimizer skipped the step"),
                   onset_at_start(0.6, "trouble from the first steps, before any large update"),
+                  steady_before(0.5, "an unstable update or an overflow building up shows in the loss first"),
                   grad_first(0.5, "numerical overflow in the forward pass makes the loss non-finite first")),
               decide=f"{PRECISION}, and the loss before the NaN (a spike or rise before it points to the "
                      "learning rate)"),

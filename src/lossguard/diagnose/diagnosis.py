@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +102,23 @@ def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) 
                        fired={f.code for f in findings}, measured=measured,
                        onset_at_start=onset is not None and first is not None and onset <= first + 1,
                        event_origins=dict(result.stats.event_origins), finding_origins=origins,
-                       onset_origin=_at(onset, ordinal))
+                       onset_origin=_at(onset, ordinal), steady_logs_before_onset=_steady_before(result, onset))
+
+
+# A loss spike or rise: what an unstable update looks like before a NaN.
+_UNSTABLE = frozenset({"LOSS005", "LOSS006"})
+
+
+def _steady_before(result: EngineResult, onset: int | None) -> int | None:
+    """Finite training losses logged before the onset, when no spike or rise came before it; None when one
+    did, or with no onset. (The loss series is the display series: thinned on long runs, which only lowers
+    the count.)"""
+    if onset is None or any(f.code in _UNSTABLE and f.step is not None and f.step <= onset
+                            for f in result.findings):
+        return None
+    lines = [line for (signal, _), line in result.series.series.items() if signal == "loss"]
+    return max((sum(1 for step, value in line.points if step < onset and math.isfinite(value) and value != 0.0)
+                for line in lines), default=0)
 
 
 def _at(step: int | None, ordinal: bool) -> str:

@@ -33,6 +33,8 @@ class RunEvidence:
     event_origins: dict[str, str] = field(default_factory=dict)
     finding_origins: dict[str, str] = field(default_factory=dict)
     onset_origin: str | None = None
+    # Finite losses logged before the onset while no spike or rise was found: a steady run that then died.
+    steady_logs_before_onset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,21 @@ class OnsetAtStart:
 
 
 @dataclass(frozen=True, slots=True)
+class SteadyBeforeOnset:
+    """How many finite losses were logged before the onset with no spike or rise among them."""
+
+    def read(self, run: RunEvidence) -> Any:
+        return run.steady_logs_before_onset
+
+    @property
+    def label(self) -> str:
+        return "steady loss logs before the onset"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return run.onset_origin and f"before {run.onset_origin}"
+
+
+@dataclass(frozen=True, slots=True)
 class NoneKnown:
     """True when none of the named facts is known: the log says nothing about them (no config dump, no
     `--config`), so causes that need them have no support at all."""
@@ -157,7 +174,7 @@ class NoneKnown:
         return None
 
 
-Subject = Fact | Event | Fired | Measured | OnsetAtStart | NoneKnown
+Subject = Fact | Event | Fired | Measured | OnsetAtStart | SteadyBeforeOnset | NoneKnown
 _OPS = {
     "==": lambda actual, expected: actual == expected,
     "in": lambda actual, expected: actual in expected,
