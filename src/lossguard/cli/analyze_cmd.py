@@ -16,7 +16,8 @@ from lossguard.cli.options import fail_on_option, load_known_facts, should_fail
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 @fail_on_option
 @click.option("--config", "ds_config", type=click.Path(dir_okay=False),
-              help="The run's DeepSpeed config (JSON/YAML): joins its settings into the diagnosis.")
+              help="The run's DeepSpeed config (JSON/YAML), or the accelerate / LLaMA-Factory / axolotl YAML that "
+                   "names it (read as `lint` reads it): joins its settings into the diagnosis.")
 @click.option("--env", "env_file", type=click.Path(dir_okay=False),
               help="`pip freeze` or `lossguard env` output of the run's environment.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Also write an HTML report here.")

@@ -136,24 +136,20 @@ def _inputs(config: str | None, training_args: str | None, cmd: str | None, trus
 
 def _route(config: str | None, args: dict[str, Any] | None) -> Any:
     """The DeepSpeed config behind CONFIG (or named by --cmd), with how it was reached on stderr."""
-    from lossguard.lint.document import ConfigError, read_document
-    from lossguard.lint.routes import DEEPSPEED_KEYS, accelerate_launch, follow, from_command
+    from lossguard.lint.document import ConfigError
+    from lossguard.lint.routes import accelerate_launch, check_recognised, from_command, open_route
 
     try:
-        if config:
-            route = follow(read_document(config))
+        if config:  # the same resolver as `analyze --config` and `probe`; lint alone checks past an unread file
+            route = open_route(config, allow_unread=True)
         else:
             route = from_command(args, (args or {}).get("accelerate_config"))
             if route is None:
                 raise UserError("lint: no config given; pass CONFIG, or --cmd with --deepspeed FILE or "
                                 "`accelerate launch --config_file FILE`")
+            check_recognised(route, route.doc.source)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    if not route.recognised:
-        keys = ", ".join(list(route.doc.data)[:6]) or "none"
-        raise UserError(f"{config or route.doc.source}: no DeepSpeed key recognised (top-level keys: {keys}); pass "
-                        f"the DeepSpeed config, or the accelerate / LLaMA-Factory / axolotl YAML that names it "
-                        f"(known keys include {', '.join(sorted(DEEPSPEED_KEYS)[:4])}, ...)")
     if route.how != "DeepSpeed config":
         click.echo(f"lossguard: reading {route.how}", err=True)
     named = (args or {}).get("accelerate_config")

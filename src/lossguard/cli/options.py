@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from lossguard.cli.errors import UserError
-from lossguard.core.facts import RunFacts, facts_from_ds_config, facts_from_versions
+from lossguard.core.facts import RunFacts, facts_from_versions
 from lossguard.core.findings import Finding, Severity
 
 FAIL_ON_CHOICES = ["info", "warning", "error", "critical", "never"]
@@ -27,13 +27,7 @@ def should_fail(findings: list[Finding], fail_on: str) -> bool:
 def load_known_facts(ds_config: str | None, env_file: str | None) -> RunFacts:
     facts = RunFacts()
     if ds_config:
-        from lossguard.lint.document import ConfigError, load_config
-
-        try:
-            config, _ = load_config(ds_config)
-        except ConfigError as exc:
-            raise UserError(str(exc)) from None
-        facts.merge(facts_from_ds_config(config, Path(ds_config).name))
+        facts.merge(config_facts(ds_config))
     if env_file:
         from lossguard.lint.env import EnvFileError, versions_from_file
 
@@ -43,6 +37,22 @@ def load_known_facts(ds_config: str | None, env_file: str | None) -> RunFacts:
             raise UserError(str(exc)) from None
         facts.merge(facts_from_versions(found, Path(env_file).name))
     return facts
+
+
+def config_facts(path: str) -> RunFacts:
+    """Facts of the config a run used, found the way `lint` finds it (an accelerate or LLaMA-Factory /
+    axolotl YAML leads to its DeepSpeed config); the route taken goes to stderr, as lint says it."""
+    from lossguard.lint.document import ConfigError
+    from lossguard.lint.routes import open_route
+    from lossguard.lint.run_config import route_facts
+
+    try:
+        route = open_route(path)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    if route.how != "DeepSpeed config":
+        click.echo(f"lossguard: reading {route.how}", err=True)
+    return route_facts(route)
 
 
 def warn_stale_build_locks(env: dict[str, str] | None = None) -> None:

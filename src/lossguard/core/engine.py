@@ -261,7 +261,9 @@ class Engine:
             stats.events[first.event] += 1
             if first.event not in stats.event_origins and first.where:
                 stats.event_origins[first.event] = first.where
-            if first.event == "facts":
+            # The caller's own facts come back as a "given" event for the detectors: they are already in
+            # self.facts with their origins (file:line, "(DeepSpeed default)"), which must not become "given".
+            if first.event == "facts" and first.source != "given":
                 for name, value in first.data.items():
                     if hasattr(self.facts, name) and name != "origin":
                         self.facts.set(name, value, first.where or "log")

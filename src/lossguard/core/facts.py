@@ -7,6 +7,7 @@ unknown value overwrite a known one. The diagnosis and lint rules read facts, ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -65,40 +66,52 @@ class RunFacts:
 
 
 DEFAULT_MARK = " (DeepSpeed default)"
+# Any origin ending so is a default some tool applies (DeepSpeed's, accelerate's): what the run states wins.
+_DEFAULT_END = " default)"
+
+Where = Callable[[tuple[str, ...]], "str | None"]  # a config key path -> "file:line", None when unknown
 
 
 def _is_default(origin: str | None) -> bool:
-    return bool(origin) and origin.endswith(DEFAULT_MARK)
+    return bool(origin) and origin.endswith(_DEFAULT_END)
 
 
-def facts_from_ds_config(config: dict[str, Any], origin: str) -> RunFacts:
+def facts_from_ds_config(config: dict[str, Any], origin: str, where: Where | None = None) -> RunFacts:
     """Facts a DeepSpeed config states, read by the one config reader (core/dsconfig.py) so that lint and
     analyze agree. DeepSpeed's defaults count where the key is absent (origin marked "default"); "auto" and
-    an absent fp16 / bf16 section stay unknown: the HF Trainer decides those."""
+    an absent fp16 / bf16 section stay unknown: the HF Trainer decides those. `where(path)` places a written
+    key ("ds.json:12") so the diagnosis can cite the line; without it every fact cites `origin`."""
     ds = DeepSpeedConfig.of(config)
     zero = ds.section("zero_optimization")
     facts = RunFacts()
 
-    def put(name: str, value: Any, key: str | None = None) -> None:
-        written = key is None or key in zero
-        facts.set(name, value, origin if written else origin + DEFAULT_MARK)
+    def put(name: str, value: Any, *path: str, zero_key: bool = False) -> None:
+        if zero_key and path[-1] not in zero:
+            facts.set(name, value, origin + DEFAULT_MARK)
+            return
+        facts.set(name, value, (where(path) if where and value is not None else None) or origin)
 
-    put("zero_stage", ds.zero_stage, "stage")
-    put("overlap_comm", ds.overlap_comm, "overlap_comm")
-    put("contiguous_gradients", ds.zero_flag("contiguous_gradients", True), "contiguous_gradients")
-    put("use_multi_rank_bucket_allreduce", ds.zero_flag("use_multi_rank_bucket_allreduce", True),
-        "use_multi_rank_bucket_allreduce")
+    def put_zero(name: str, value: Any, key: str) -> None:
+        put(name, value, "zero_optimization", key, zero_key=True)
+
+    put_zero("zero_stage", ds.zero_stage, "stage")
+    put_zero("overlap_comm", ds.overlap_comm, "overlap_comm")
+    put_zero("contiguous_gradients", ds.zero_flag("contiguous_gradients", True), "contiguous_gradients")
+    put_zero("use_multi_rank_bucket_allreduce", ds.zero_flag("use_multi_rank_bucket_allreduce", True),
+             "use_multi_rank_bucket_allreduce")
     bucket = zero.get("reduce_bucket_size")  # a non-number ("auto") is kept as written, for the report
-    put("reduce_bucket_size", bucket if bucket is not None and ds.reduce_bucket_size is None else ds.reduce_bucket_size,
-        "reduce_bucket_size")
-    put("offload_optimizer", ds.offload_optimizer, "offload_optimizer")
-    put("communication_data_type", ds.communication_data_type)
-    for kind in ("bf16", "fp16"):
-        put(kind, as_bool(ds.precision_written(kind)))
-    put("check_grad_overflow", ds.check_grad_overflow)
-    if "optimizer" in config:
-        put("optimizer_in_config", True)
-    put("gradient_accumulation_steps", ds.gradient_accumulation_steps)
+    put_zero("reduce_bucket_size",
+             bucket if bucket is not None and ds.reduce_bucket_size is None else ds.reduce_bucket_size,
+             "reduce_bucket_size")
+    put_zero("offload_optimizer", ds.offload_optimizer, "offload_optimizer")
+    put("communication_data_type", ds.communication_data_type, "communication_data_type")
+    bf16 = "bf16" if "bf16" in ds.raw else "bfloat16"  # DeepSpeed's older name, as precision_section reads
+    put("bf16", as_bool(ds.precision_written("bf16")), bf16, "enabled")
+    put("fp16", as_bool(ds.precision_written("fp16")), "fp16", "enabled")
+    put("check_grad_overflow", ds.check_grad_overflow, bf16, "check_grad_overflow")
+    if "optimizer" in ds.raw:
+        put("optimizer_in_config", True, "optimizer")
+    put("gradient_accumulation_steps", ds.gradient_accumulation_steps, "gradient_accumulation_steps")
     return facts
 
 

@@ -1,7 +1,7 @@
 """The lint API: `lint(config, training_args, env) -> findings`, `load_config(path)`, and the fix loop.
 
 The CLI is a thin shell over these functions; other commands (`analyze --config`, `probe`) reuse
-`load_config` and `lint`.
+`routes.open_route` (the config behind any route) and `lint`.
 """
 
 from __future__ import annotations

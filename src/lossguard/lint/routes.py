@@ -10,6 +10,10 @@
 - `--deepspeed FILE|'{...}'` or `accelerate launch --config_file FILE` inside `--cmd` name the config when
   CONFIG is not given.
 A file where no DeepSpeed key is recognised is reported as such (`Route.recognised` False), never as clean.
+
+`open_route(path)` is the one entry every verb uses (`lint CONFIG`, `analyze --config`, `probe CONFIG`), so a
+YAML means the same DeepSpeed config to all three; `lint/run_config.py` turns a route into run facts
+(analyze) or the dict a job gets (probe).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import Any
 
 from lossguard.lint.document import ConfigError, Document, parse_text, read_document
 
-__all__ = ["Route", "accelerate_launch", "follow", "from_command", "recognised_keys"]
+__all__ = ["ACCELERATE_KEYS", "Route", "accelerate_launch", "check_recognised", "follow", "from_command",
+           "open_route", "recognised_keys"]
 
 # Top-level keys of DeepSpeed's config (runtime/constants.py and the feature sections) that lint knows.
 DEEPSPEED_KEYS = frozenset({
@@ -38,9 +43,18 @@ DEEPSPEED_KEYS = frozenset({
     "quantize_training", "disable_allgather", "use_data_before_expert_parallelism", "dataloader_drop_last",
     "graph_harvesting", "use_node_local_storage", "load_universal_checkpoint", "train_batch_size_per_gpu",
 })
-_ACCELERATE_KEYS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
-                    "gradient_clipping", "zero3_save_16bit_model", "offload_optimizer_nvme_path",
-                    "offload_param_nvme_path")
+# The DeepSpeed key each accelerate `deepspeed_config` key becomes (`_plugin_config`): a value read from the
+# config accelerate builds is cited at the YAML line the user wrote.
+ACCELERATE_KEYS: dict[tuple[str, ...], str] = {
+    ("zero_optimization", "stage"): "zero_stage",
+    ("zero_optimization", "offload_optimizer"): "offload_optimizer_device",
+    ("zero_optimization", "offload_optimizer", "device"): "offload_optimizer_device",
+    ("zero_optimization", "offload_param"): "offload_param_device",
+    ("zero_optimization", "offload_param", "device"): "offload_param_device",
+    ("zero_optimization", "stage3_gather_16bit_weights_on_model_save"): "zero3_save_16bit_model",
+    ("gradient_accumulation_steps",): "gradient_accumulation_steps",
+    ("gradient_clipping",): "gradient_clipping",
+}
 
 
 @dataclass
@@ -53,6 +67,7 @@ class Route:
     recognised: bool = True
     unread: str | None = None  # the file the route names could not be read: why (lint checks what it has)
     shown: str = ""  # the file findings are reported against (the YAML for a synthesized config)
+    via: Document | None = None  # the accelerate / training YAML that named or built `doc`
 
     def __post_init__(self) -> None:
         self.shown = self.shown or self.doc.source
@@ -79,14 +94,15 @@ def _accelerate(doc: Document) -> Route:
     launch = _accelerate_launch(data)
     file = section.get("deepspeed_config_file")
     if isinstance(file, str) and file.strip() and file != "none":
-        target = _existing(doc.source, file)
+        key = ("deepspeed_config", "deepspeed_config_file")
         try:
-            inner = _read_named(target, f"{doc.source}: deepspeed_config.deepspeed_config_file")
+            inner = _read_named(doc, key, file)
         except ConfigError as exc:
             route = _accelerate_keys(doc, {}, launch)
             route.unread = str(exc)
             return route
-        return Route(doc=inner, how=f"accelerate YAML {doc.source} -> deepspeed_config_file {target}", launch=launch)
+        return Route(doc=inner, how=f"accelerate YAML {doc.source} -> deepspeed_config_file {inner.source}",
+                     launch=launch, via=doc)
     return _accelerate_keys(doc, section, launch)
 
 
@@ -95,7 +111,7 @@ def _accelerate_keys(doc: Document, section: dict[str, Any], launch: dict[str, A
     text = json.dumps(built, indent=2)
     synth = parse_text(text, f"{doc.source} (deepspeed_config keys)", "json")
     return Route(doc=synth, how=f"accelerate YAML {doc.source}: DeepSpeed config built from its deepspeed_config keys",
-                 launch=launch, synthesized=True, recognised=True, shown=doc.source)
+                 launch=launch, synthesized=True, recognised=True, shown=doc.source, via=doc)
 
 
 def _accelerate_launch(data: dict[str, Any]) -> dict[str, Any]:
@@ -140,31 +156,53 @@ def _args_yaml(doc: Document, target: Any) -> Route:
     if isinstance(target, dict):
         inner = parse_text(json.dumps(target, indent=2), f"{doc.source} (deepspeed mapping)", "json")
         return Route(doc=inner, how=f"training YAML {doc.source}: inline deepspeed mapping", args_file=doc.source,
-                     synthesized=True, shown=doc.source)
+                     synthesized=True, shown=doc.source, via=doc)
     if not isinstance(target, str) or not target.strip():
         return Route(doc=doc, how="training arguments without a DeepSpeed config", recognised=False)
-    path = _existing(doc.source, target)
-    inner = _read_named(path, f"{doc.source}: deepspeed")
-    return Route(doc=inner, how=f"training YAML {doc.source} -> deepspeed {path}", args_file=doc.source)
+    inner = _read_named(doc, ("deepspeed",), target)
+    return Route(doc=inner, how=f"training YAML {doc.source} -> deepspeed {inner.source}", args_file=doc.source,
+                 via=doc)
 
 
 def accelerate_launch(path: str) -> dict[str, Any]:
     """num_processes / mixed_precision of the accelerate YAML a launch command names (CONFIG given apart)."""
-    return _accelerate_launch(_read_named(path, "--cmd: accelerate launch --config_file").data)
+    return _accelerate_launch(_read_file(path, "--cmd: accelerate launch --config_file").data)
 
 
 def from_command(args: dict[str, Any] | None, accelerate_config: str | None) -> Route | None:
     """The config a launch command names: `accelerate launch --config_file`, else `--deepspeed FILE|'{...}'`."""
     if accelerate_config:
-        return follow(_read_named(accelerate_config, "--cmd: accelerate launch --config_file"))
+        return follow(_read_file(accelerate_config, "--cmd: accelerate launch --config_file"))
     target = (args or {}).get("deepspeed")
     if isinstance(target, dict) or (isinstance(target, str) and target.lstrip().startswith("{")):
         text = target if isinstance(target, str) else json.dumps(target)
         inner = parse_text(text, "--cmd --deepspeed (inline)", "json")
         return Route(doc=inner, how="--cmd: inline --deepspeed dict", synthesized=True)
     if isinstance(target, str) and target.strip():
-        return Route(doc=_read_named(target, "--cmd: --deepspeed"), how=f"--cmd: --deepspeed {target}")
+        return Route(doc=_read_file(target, "--cmd: --deepspeed"), how=f"--cmd: --deepspeed {target}")
     return None
+
+
+def open_route(path: str, *, allow_unread: bool = False) -> Route:
+    """The DeepSpeed config a run uses, from the file the user points at (a DeepSpeed JSON/YAML, an accelerate
+    YAML, a LLaMA-Factory / axolotl YAML). Raises ConfigError (one line: file, key, next step) when it
+    cannot be read, names a file that cannot be read, or holds no DeepSpeed key. `allow_unread` keeps an
+    accelerate YAML whose `deepspeed_config_file` is unreadable (lint checks its other keys and says so)."""
+    route = follow(read_document(path))
+    if route.unread and not allow_unread:
+        raise ConfigError(route.unread)
+    check_recognised(route, path)
+    return route
+
+
+def check_recognised(route: Route, shown: str) -> None:
+    """A file with no DeepSpeed key would read as ZeRO stage 0 with every default: refuse it instead."""
+    if route.recognised:
+        return
+    keys = ", ".join(list(route.doc.data)[:6]) or "none"
+    raise ConfigError(f"{shown}: no DeepSpeed key recognised (top-level keys: {keys}); pass the DeepSpeed config, "
+                      f"or the accelerate / LLaMA-Factory / axolotl YAML that names it (known keys include "
+                      f"{', '.join(sorted(DEEPSPEED_KEYS)[:4])}, ...)")
 
 
 def _relative(source: str, path: str) -> str:
@@ -172,13 +210,22 @@ def _relative(source: str, path: str) -> str:
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(os.path.dirname(source), path))
 
 
-def _existing(source: str, path: str) -> str:
-    """LLaMA-Factory / axolotl resolve `deepspeed:` from the launch directory; try the YAML's folder first."""
-    near = _relative(source, path)
-    return near if os.path.exists(near) or not os.path.exists(path) else path
+def _read_named(doc: Document, key: tuple[str, ...], written: str) -> Document:
+    """The file a YAML key names. accelerate opens it from the launch directory and LLaMA-Factory / axolotl
+    too; a YAML is often kept beside its JSON, so its own folder is tried first, then the working directory."""
+    line = doc.line_of(key)
+    named_by = f"{doc.source}{f':{line}' if line else ''}: {'.'.join(key)}"
+    near = _relative(doc.source, written)
+    if os.path.exists(near) or os.path.isabs(os.path.expanduser(written)):
+        return _read_file(near, named_by)
+    if os.path.exists(written):
+        return _read_file(written, named_by)
+    raise ConfigError(f"{named_by} names {written}, which cannot be read: no such file in the YAML's folder "
+                      f"({os.path.dirname(doc.source) or '.'}) or the working directory ({os.getcwd()}); fix the path, "
+                      "or run from the folder it is relative to")
 
 
-def _read_named(path: str, named_by: str) -> Document:
+def _read_file(path: str, named_by: str) -> Document:
     try:
         return read_document(path)
     except ConfigError as exc:

@@ -60,12 +60,14 @@ class ProbeResult:
 def load_inputs(config_path: str | Path, arms: str = "auto", cmd: str | None = None,
                 workload: str = DEFAULT_WORKLOAD) -> tuple[dict[str, Any], list[Arm]]:
     """Validate everything before any job starts; all problems in one ProbeInputError."""
-    from lossguard.lint.document import ConfigError, load_config
+    from lossguard.lint.document import ConfigError
+    from lossguard.lint.routes import open_route
+    from lossguard.lint.run_config import launch_config
 
     problems: list[str] = []
     config: dict[str, Any] = {}
-    try:
-        config, _ = load_config(str(config_path))
+    try:  # lint's resolver: an accelerate / LLaMA-Factory / axolotl YAML becomes the DeepSpeed dict it names
+        config = launch_config(open_route(str(config_path)))
     except ConfigError as exc:
         problems.append(str(exc))
     except OSError as exc:

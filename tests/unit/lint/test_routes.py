@@ -93,7 +93,7 @@ def test_training_yaml_with_deepspeed_path_and_inline_mapping(tmp_path):
 
 def test_training_yaml_naming_a_missing_file_is_an_error_naming_both(tmp_path):
     lf = _write(tmp_path / "sft.yaml", "stage: sft\ndeepspeed: examples/deepspeed/ds_z3_config.json\n")
-    with pytest.raises(ConfigError, match=r"sft.yaml: deepspeed names .*ds_z3_config.json, which cannot be read"):
+    with pytest.raises(ConfigError, match=r"sft.yaml:2: deepspeed names .*ds_z3_config.json, which cannot be read"):
         follow(read_document(lf))
 
 
