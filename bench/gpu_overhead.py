@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,8 +36,9 @@ def main() -> None:
               "The CPU figure is bench/overhead.py.")
         return
     out = tempfile.mkdtemp(prefix="lossguard-gpu-bench-")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    subprocess.run([torchrun, "--nproc_per_node", "1", str(HERE / "overhead.py"), "--worker", out, "--gpu",
+    # torchrun as a module of this interpreter: no `torchrun` script need sit beside sys.executable
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+                    str(HERE / "overhead.py"), "--worker", out, "--gpu",
                     "--arms", ",".join(ARMS), "--steps", str(opts.steps), "--rounds", str(opts.rounds)],
                    check=True, stdout=subprocess.DEVNULL)
     data = json.loads((Path(out) / "bench.json").read_text())

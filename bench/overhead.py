@@ -95,7 +95,8 @@ def worker(out: str, steps: int, rounds: int, gpu: bool = False, arms: tuple[str
         ds["bf16"] = {"enabled": True}
     results: dict[str, list[float]] = {arm: [] for arm in arms}
     syncs: dict[str, list[float]] = {arm: [] for arm in arms}
-    for _ in range(rounds):
+    t0 = time.perf_counter()
+    for r in range(rounds):
         for arm in arms:
             torch.manual_seed(0)
             model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=shape["n_embd"],
@@ -117,6 +118,10 @@ def worker(out: str, steps: int, rounds: int, gpu: bool = False, arms: tuple[str
             results[arm].append(statistics.median(steps_s))
             if timer.syncs:
                 syncs[arm].append(statistics.median(timer.syncs))
+            if gpu:  # progress on stderr (the launcher drops the workers' stdout)
+                print(f"[gpu bench] round {r + 1}/{rounds} {arm}: median step {results[arm][-1] * 1e3:.1f} ms, "
+                      f"syncs/step {syncs[arm][-1] if timer.syncs else '?'}, {time.perf_counter() - t0:.0f} s in",
+                      file=sys.stderr, flush=True)
             AcceleratorState._reset_state(True)
             GradientState._reset_state()
         n_params = sum(p.numel() for p in model.parameters())
