@@ -4,11 +4,9 @@ never the rule's source."""
 
 from __future__ import annotations
 
-import math
-
 from lossguard.api import analyze
 from lossguard.core.engine import Engine
-from lossguard.core.records import EVAL, Record, event
+from lossguard.core.records import Record, event
 from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import diagnose
 
@@ -60,3 +58,54 @@ def test_a_constant_offset_beside_a_learning_loss_is_one_sources_template_so_a_w
                    for i in range(12))
     d = _analyze(tmp_path, _mismatch(52, 51) + _mismatch(57, 56) + rows + _mismatch(60, 59))
     assert (d.verdict, d.signature) == ("warning", "masked-labels")
+
+
+# -- 3. a progress bar's N/M is the step; calibration starts at a high scale ------------------------------
+
+def test_a_training_bar_on_a_line_gives_the_step_of_the_events_on_it_and_of_the_next_log():
+    from lossguard.sources.text_log import parse_lines
+
+    lines = [b" 14%|\xe2\x96\x88\xe2\x96\x8d     | 379/2724 [14:00:21<86:09:52, 132.28s/it][INFO] [deepspeed] OVERFLOW! "
+             b"Rank 0 Skipping step. Attempted loss scale: 32, reducing to 16",
+             b"{'loss': 2.0491, 'learning_rate': 0.0001961913563176343, 'epoch': 0.28}",
+             b"  0%|  | 11/10000 [00:35<8:24:57,  3.03s/it]tried to get lr value before scheduler/optimizer "
+             b"started stepping, returning lr=0",
+             b"{'loss': 2.2785, 'grad_norm': 0.0, 'learning_rate': 0, 'epoch': 0.08}"]
+    records = list(parse_lines(lines[:2]))
+    assert [(r.event, r.step) for r in records] == [("overflow", 380), (None, 380)]
+    assert not records[1].step_is_ordinal
+    records = list(parse_lines(lines[2:]))
+    assert [(r.event, r.step) for r in records] == [("lr-before-step", 12), (None, 11)]
+
+
+def test_only_a_running_bar_without_a_description_is_the_training_step():
+    from lossguard.sources.progress import bar_step
+
+    assert bar_step(b" 14%|#4   | 379/2724 [14:00:21<86:09:52, 132.28s/it]OVERFLOW") == 379
+    assert bar_step(b"[rank0]: 2024-05-01 10:00:00,123 - INFO -  14%|#4 | 379/2724 [14:00<86:09, 1s/it]") == 379
+    assert bar_step(b"\r  1%|   | 2/182 [01:05<1:37:41]\r  2%|   | 3/182 [01:37<1:36:59, 32.51s/it]x") == 3
+    assert bar_step(b"Map:  14%|#4   | 7000/52002 [00:01<00:07, 5000.0 examples/s]") is None  # a data pass
+    assert bar_step(b"Epoch 0:   3%|3  | 565/20101 [2:12:19<76:15:08, 14.05s/it, loss=nan]") is None  # batches
+    assert bar_step(b"100%|##########| 182/182 [01:37<00:00]") is None  # finished
+    assert bar_step(b"loss 3/4 [x]") is None
+
+
+def test_overflows_halving_a_scale_under_every_initial_scale_are_no_start_up_calibration(tmp_path):
+    """DeepSpeed calibrates down from 2^16 (fairseq from 2^7, Megatron 2^32): skips in a row that halve 32 ->
+    16 -> 8 -> 4 are a storm wherever the log starts (009 cut to its middle: 14% into the run)."""
+    bar = " 14%|#4   | {n}/2724 [14:00:21<86:09:52, 132.28s/it]"
+    ovf = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {a}, reducing to {b}\n"
+    text = (bar.format(n=379) + ovf.format(a=32, b=16) +
+            "{'loss': 2.0491, 'learning_rate': 0.0001961913563176343, 'epoch': 0.28}\n" +
+            "".join(bar.format(n=n) + ovf.format(a=a, b=a // 2) for n, a in ((380, 16), (381, 8), (382, 4))))
+    d = _analyze(tmp_path, text)
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "fp16-overflow", 380)
+
+
+def test_start_up_skips_down_from_a_high_initial_scale_stay_calibration():
+    records = [event("overflow", step=s, attempted_scale=2.0 ** (17 - s), new_scale=2.0 ** (16 - s))
+               for s in range(1, 5)]
+    records += [Record(step=s, signals={"loss": 2.5 - s / 100, "lr": 1e-5 * s}) for s in range(5, 30)]
+    d = run(records)
+    assert d.verdict == "healthy"
+    assert any("calibrated" in f.message for f in d.findings)

@@ -2,7 +2,8 @@
 falling to its floor, the LR frozen because DeepSpeed steps the scheduler only on applied steps.
 
 The start-up calibration is benign: DeepSpeed starts at 2^16 (or 2^32) and halves the scale on the
-first steps until gradients fit. A storm is a streak of skips *after* steps have been applied, a
+first steps until gradients fit; a skip that halves a scale already under 2^7 (below every framework's
+initial scale) is no calibration, wherever it sits in the log. A storm is a streak of skips *after* steps have been applied, a
 scale driven to 1 or below (DeepSpeed's `min_loss_scale` default; fairseq's scales go below 1), or
 DeepSpeed's own "already at minimum". Intermittent skips while training proceeds (a scale that settles
 at 8 with an overflow every other step and the loss still moving) are not a storm: the INFO finding.
@@ -18,6 +19,12 @@ from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
 _FLOOR_SCALE = 1.0  # DeepSpeed's min_loss_scale default: a scale at or under it cannot halve again
+# The lowest scale any common fp16 loop starts from: fairseq's `--fp16-init-scale` default 2^7. DeepSpeed
+# starts at 2^initial_scale_power (default 16: 65536), torch / apex GradScaler at 2^16, Megatron at 2^32.
+# Start-up calibration halves down from there until the gradients fit; a skip that halves a scale under
+# 2^7 is no such search (the run is well past its start, or the search went so far down that the
+# gradients, or the forward pass itself, overflow at any scale).
+LOWEST_INITIAL_SCALE = 2.0 ** 7
 # A record of this shape changes nothing once training has started and no run of skips is open.
 _QUIET = {"skipped_steps": zero, "loss": finite_nonzero, "raw_loss": finite_nonzero, "grad_norm": finite}
 
@@ -51,6 +58,7 @@ class OverflowStorm(DetectorBase):
         self.lowest_scale: float | None = None
         self._bf16: bool | None = None
         self._frozen = Streak()  # logs with the LR frozen while the gradients are non-finite
+        self._past_startup_by_scale = False  # start-up was ruled out by a small scale, not by an applied step
 
     @property
     def calm(self) -> dict | None:
@@ -124,6 +132,9 @@ class OverflowStorm(DetectorBase):
             self._streak = 0
 
     def _skip(self, step: int | None, record: Record, new_scale: float | None) -> list[Finding]:
+        if not self._applied_any and _below_startup(record, new_scale):
+            self._applied_any = True  # past start-up: this skip and the run of skips it is in are no calibration
+            self._past_startup_by_scale = True
         self.num_skipped += 1
         self._last_skip_step = step
         if new_scale is not None:
@@ -142,8 +153,9 @@ class OverflowStorm(DetectorBase):
             return self._fire(self._streak_since, f"the loss is {raw} on {self._streak} skipped steps in "
                                                   "a row: the forward pass itself overflows")
         if self._applied_any and self._streak >= _MID_RUN_STREAK:
-            return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
-                                                  "had started")
+            when = f"with the loss scale already under {LOWEST_INITIAL_SCALE:g} (no start-up calibration)" \
+                if self._past_startup_by_scale else "after training had started"
+            return self._fire(self._streak_since, f"{self._streak} skipped steps in a row {when}")
         if self.lowest_scale is not None and self.lowest_scale <= _FLOOR_SCALE:
             return self._fire(self._streak_since, f"loss scale driven down to {self.lowest_scale:g}")
         return []
@@ -171,6 +183,14 @@ class OverflowStorm(DetectorBase):
                 f"{self.calibration_skips} fp16 overflow skips at start-up while DeepSpeed calibrated the "
                 "loss scale: normal", None, severity=Severity.INFO, signature=None)
         return []
+
+
+def _below_startup(record: Record, new_scale: float | None) -> bool:
+    """The skip halved a scale under every framework's initial scale (LOWEST_INITIAL_SCALE)."""
+    attempted = record.data.get("attempted_scale")
+    if attempted is None and new_scale is not None:
+        attempted = 2 * new_scale  # a dynamic scaler halves on a skip
+    return attempted is not None and attempted < LOWEST_INITIAL_SCALE
 
 
 @register

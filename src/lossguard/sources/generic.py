@@ -140,11 +140,17 @@ def read_line(line: bytes) -> list[Segment]:
 
 def _bare_tensor(line: bytes) -> float | None:
     """The loss of a line that is a printed tensor behind launcher / logger / paste prefixes, else None."""
-    at = 0
-    while part := _PREFIX_PART.match(line, at):
-        at = part.end()
-    bare = BARE_TENSOR.fullmatch(line, at)
+    bare = BARE_TENSOR.fullmatch(line, past_prefix(line))
     return float(bare.group(1)) if bare else None
+
+
+def past_prefix(line: bytes, at: int = 0, end: int | None = None) -> int:
+    """Where `line` goes on after what launchers, loggers and pastes put before it (`[rank0]:`, `10.0.0.1: `,
+    a timestamp and level, `> `), read from `at` (up to `end`)."""
+    end = len(line) if end is None else end
+    while (part := _PREFIX_PART.match(line, at, end)) and part.end() > at:
+        at = part.end()
+    return at
 
 
 def _segments(line: bytes, start: int, end: int) -> list[Segment]:
