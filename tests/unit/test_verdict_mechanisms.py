@@ -109,3 +109,50 @@ def test_start_up_skips_down_from_a_high_initial_scale_stay_calibration():
     d = run(records)
     assert d.verdict == "healthy"
     assert any("calibrated" in f.message for f in d.findings)
+
+
+# -- 2. an LR of 0 at the first logs that later rises is warmup ----------------------------------------
+
+def _lr_logs(lrs, start=1, grad=None, warned=False):
+    out = []
+    for i, lr in enumerate(lrs):
+        if warned and lr == 0.0:
+            out.append(event("lr-before-step", step=start + i))
+        signals = {"loss": 2.9 - i / 50 + (i % 2) / 100, "lr": lr}
+        if grad is not None:
+            signals["grad_norm"] = grad
+        out.append(Record(step=start + i, signals=signals))
+    return out
+
+
+def test_an_lr_of_zero_at_the_first_logs_that_then_rises_is_warmup_not_lr_zero():
+    """DeepSpeed steps the scheduler only on applied steps: while the loss scale calibrates the Trainer logs
+    LR 0 (and warns the scheduler has not stepped), then the warmup starts (BELLE #134)."""
+    warmup = [0.0] * 4 + [2.35e-6, 2.35e-6, 3.7e-6, 4.7e-6, 5.5e-6, 6.1e-6]
+    for warned in (False, True):
+        d = run(_lr_logs(warmup, warned=warned))
+        assert d.verdict == "healthy" and "LR001" not in {f.code for f in d.findings}, warned
+
+
+def test_an_lr_of_zero_from_the_start_to_the_end_of_the_log_is_lr_zero():
+    d = run(_lr_logs([0.0] * 4))
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "lr-zero", 1)
+
+
+def test_an_lr_of_zero_with_no_step_applied_for_longer_than_calibration_is_lr_zero():
+    """One log at step 11 with LR 0, grad norm 0.0 and the 'scheduler not stepped' warning: 11 steps without an
+    optimizer step, more than DeepSpeed's calibration from 2^16 takes (MiniCPM-V #346)."""
+    from lossguard.detectors.overflow import MAX_CALIBRATION_STEPS
+
+    assert MAX_CALIBRATION_STEPS == 10  # 2^16 -> 2^7: 9 halvings, + 1 overflow the hysteresis of 2 absorbs
+    late = MAX_CALIBRATION_STEPS + 1
+    for warned, grad in ((True, None), (False, 0.0), (True, 0.0)):
+        d = run(_lr_logs([0.0], start=late, grad=grad, warned=warned))
+        assert (d.verdict, d.signature) == ("broken", "lr-zero"), (warned, grad)
+    # Within the calibration it says nothing yet; without a sign that no step was applied (an LR printed as
+    # 0.0000 beside a moving grad norm) a real step number alone proves nothing.
+    assert run(_lr_logs([0.0], start=MAX_CALIBRATION_STEPS, grad=0.0, warned=True)).verdict == "healthy"
+    assert run(_lr_logs([0.0, 0.0], start=late, grad=12.6)).verdict == "healthy"
+    # A zero run after the LR had moved is judged at three logs, as before.
+    d = run(_lr_logs([1e-5, 1e-5, 0.0, 0.0, 0.0, 1e-5]))
+    assert (d.verdict, d.signature, d.onset_step) == ("broken", "lr-zero", 3)

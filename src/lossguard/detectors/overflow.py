@@ -11,6 +11,8 @@ at 8 with an overflow every other step and the loss still moving) are not a stor
 
 from __future__ import annotations
 
+import math
+
 from lossguard.core.calm import finite, finite_nonzero, nonzero, zero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
@@ -193,11 +195,26 @@ def _below_startup(record: Record, new_scale: float | None) -> bool:
     return attempted is not None and attempted < LOWEST_INITIAL_SCALE
 
 
+# A start-up run of skipped steps at DeepSpeed's defaults (initial_scale_power 16, hysteresis 2: the first
+# overflow only spends the hysteresis) has driven the scale under LOWEST_INITIAL_SCALE once it is longer than
+# this: 16 - 7 halvings plus the one overflow the hysteresis absorbs. An LR still 0 after more steps than that
+# is no calibration; one that rises within them was.
+_DS_INITIAL_SCALE, _DS_HYSTERESIS = 2.0 ** 16, 2
+MAX_CALIBRATION_STEPS = round(math.log2(_DS_INITIAL_SCALE / LOWEST_INITIAL_SCALE)) + _DS_HYSTERESIS - 1
+
+
 @register
 class LearningRateZero(DetectorBase):
-    """LR001: learning rate 0 log after log. The first log under warmup is 0 by design (transformers
-    >= 4.51 logs the pre-step LR); a schedule that never leaves 0 means the scheduler is not stepping
-    (fp16 skips, or warmup longer than the run)."""
+    """LR001: learning rate 0 log after log: the scheduler is not stepping (fp16 skips, or warmup longer than
+    the run), so the weights are not being updated.
+
+    An LR that is 0 from the first logs and then rises is warmup, or DeepSpeed's start-up loss-scale
+    calibration (the scheduler steps only on applied steps; the Trainer warns "tried to get lr value before
+    scheduler/optimizer started stepping"): no finding. Such a start-up run counts only when it lasts to the
+    end of the log (three logs or more), or when the log says no step was applied (that warning, or a grad
+    norm of exactly 0.0: DeepSpeed's until its first applied step) for more real steps than the calibration
+    takes (MAX_CALIBRATION_STEPS; with the warning the LR has been 0 since step 1, so one log at step 11
+    shows 11 steps without an optimizer step). A run of zeros after the LR had moved counts at three logs."""
 
     wants = frozenset({"lr", "lr-before-step", "overflow"})
     code = "LR001"
@@ -214,6 +231,8 @@ class LearningRateZero(DetectorBase):
         self._warned_before_step = 0
         self._steps: set[int] = set()  # steps counted (a DeepSpeed `step=` line and an HF dict share one)
         self._overflow_steps: set[int] = set()
+        self._num_zero_lr = 0  # zero-LR logs (rank 0 / the run's), counted or not
+        self._startup = False  # the current run of zeros began with every LR log before it 0
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT and record.event == "lr-before-step":
@@ -226,18 +245,43 @@ class LearningRateZero(DetectorBase):
             return []  # a non-zero LR ends the run of zeros: the next zero finds a gap in the LR logs
         # LR logs of the run-level log and rank 0 so far, the non-zero ones the engine did not route too.
         seq = self.counts.seq(None, "lr") + self.counts.seq(0, "lr")
+        self._num_zero_lr += 1
         if record.step in self._steps or record.step in self._overflow_steps or self._skipped(record):
             self._zero.follow(seq)  # a skipped step does not step the scheduler: not a stuck LR
             return []
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()
-        if self._zero.update(True, record.step, seq) >= self._STREAK:
-            why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
-                   if self._warned_before_step else "")
-            return self.emit(f"learning rate is 0 in {self._zero.count} logs in a row from step "
-                             f"{self._zero.since}: the weights are not being updated{why}", self._zero.since)
+        if self._zero.update(True, record.step, seq) == 1:
+            self._startup = self._num_zero_lr == seq  # no LR log so far was anything but 0
+        if not self._startup:
+            return self._report() if self._zero.count >= self._STREAK else []
+        # Only where the log says no step was applied since step 1: the Trainer's warning, or DeepSpeed's grad
+        # norm still at the 0.0 it starts from (it is set on the first applied step). An LR printed as `0.0000`
+        # beside a moving grad norm is a small LR rounded, not a scheduler that never stepped.
+        unapplied = self._warned_before_step or record.signals.get("grad_norm") == 0.0
+        steps = record.step if unapplied and not record.step_is_ordinal else None
+        if steps is not None and steps > MAX_CALIBRATION_STEPS:
+            return self._report(f"; {steps} steps without an optimizer step by step {record.step}, more than "
+                                f"start-up loss-scale calibration takes ({MAX_CALIBRATION_STEPS} at DeepSpeed's "
+                                "defaults)")
         return []
+
+    def _report(self, why: str = "") -> list[Finding]:
+        if self._warned_before_step:
+            why += f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
+        logs = f"{self._zero.count} logs in a row" if self._zero.count > 1 else "the log"
+        return self.emit(f"learning rate is 0 in {logs} from step {self._zero.since}: the weights are not being "
+                         f"updated{why}", self._zero.since)
+
+    def finish(self) -> list[Finding]:
+        if self.fired is None and self._startup and self._zero.count >= self._STREAK and \
+                self._zero.last_seq == self.counts.seq(None, "lr") + self.counts.seq(0, "lr"):
+            found = self._report("; it never rose from the start to the end of the log")
+        else:
+            found = []
+        super().finish()
+        return found
 
     def _skipped(self, record: Record) -> bool:
         """The step of this log was skipped: the skip counter grew, or (in a log without skip counters)
