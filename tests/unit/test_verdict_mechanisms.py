@@ -4,9 +4,11 @@ never the rule's source."""
 
 from __future__ import annotations
 
+import math
+
 from lossguard.api import analyze
 from lossguard.core.engine import Engine
-from lossguard.core.records import Record, event
+from lossguard.core.records import EVAL, Record, event
 from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import diagnose
 
@@ -156,3 +158,49 @@ def test_an_lr_of_zero_with_no_step_applied_for_longer_than_calibration_is_lr_ze
     # A zero run after the LR had moved is judged at three logs, as before.
     d = run(_lr_logs([1e-5, 1e-5, 0.0, 0.0, 0.0, 1e-5]))
     assert (d.verdict, d.signature, d.onset_step) == ("broken", "lr-zero", 3)
+
+
+# -- 4. a loss flat at ln(k) is a uniform guess --------------------------------------------------------
+
+def _evals(values, start=50, every=50):
+    return [Record(step=start + i * every, kind=EVAL, signals={"eval_loss": v}) for i, v in enumerate(values)]
+
+
+def _trains(values, start=50, every=50):
+    return [Record(step=start + i * every, signals={"loss": v, "lr": 1e-5 * (i + 1)}) for i, v in enumerate(values)]
+
+
+def test_an_eval_loss_pinned_at_ln_k_from_the_first_evaluation_is_not_learning():
+    """A 4-way multiple-choice model that guesses uniformly scores ln 4 = 1.3863 on every example (LRQA)."""
+    for k in (3, 4, 5, 10):
+        level = math.log(k)
+        pinned = [level * (1 + d) for d in (0.0, -2e-4, 5e-4, -1e-4, 3e-4, 0.0, -4e-4, 1e-4, 2e-4, -3e-4)]
+        noisy_train = [level + 0.03 * ((i * 7) % 5) / 5 for i in range(10)]
+        d = run(_trains(noisy_train) + _evals(pinned))
+        assert (d.verdict, d.signature, d.onset_step) == ("broken", "not-learning", 50), k
+
+
+def test_a_train_loss_pinned_at_ln_k_is_not_learning_and_one_that_leaves_it_is_not():
+    level = math.log(4)
+    d = run(_trains([level * (1 + (i % 3 - 1) * 5e-4) for i in range(12)]))
+    assert (d.verdict, d.signature) == ("broken", "not-learning")
+    falling = [level * (1 + (i % 3 - 1) * 5e-4) for i in range(4)] + [1.2, 1.0, 0.9, 0.8]
+    assert "LOSS010" not in {f.code for f in run(_trains(falling)).findings}
+
+
+def test_near_misses_of_a_chance_level_loss():
+    level = math.log(4)
+    passing = [1.6, 1.5, 1.45, level, level, level, 1.3, 1.2]  # passes through ln 4 on its way down
+    assert "LOSS010" not in {f.code for f in run(_evals(passing)).findings}
+    assert "LOSS010" not in {f.code for f in run(_evals([level] * 4)).findings}  # too few to tell
+    dpo = [Record(step=s, signals={"loss": math.log(2), "reward_margin": 0.0, "lr": 1e-6}) for s in range(1, 12)]
+    assert "LOSS010" not in {f.code for f in run(dpo).findings}  # pairwise losses start at ln 2 by construction
+    off_band = [level * 1.01] * 8  # 1% off: a flat loss, but no uniform guess
+    assert "LOSS010" not in {f.code for f in run(_evals(off_band)).findings}
+
+
+def test_an_eval_loss_at_chance_while_the_train_loss_falls_is_a_warning():
+    level = math.log(4)
+    d = run(_trains([2.0 * 0.8 ** i for i in range(12)]) + _evals([level] * 6))
+    chance = next(f for f in d.findings if f.code == "LOSS010")
+    assert str(chance.severity) == "warning"
