@@ -204,3 +204,32 @@ def test_an_eval_loss_at_chance_while_the_train_loss_falls_is_a_warning():
     d = run(_trains([2.0 * 0.8 ** i for i in range(12)]) + _evals([level] * 6))
     chance = next(f for f in d.findings if f.code == "LOSS010")
     assert str(chance.severity) == "warning"
+
+
+# -- 5. a logged NaN is never dropped in favour of another loss column --------------------------------
+
+def test_every_reader_keeps_a_nan_from_a_second_loss_column():
+    from lossguard.sources.generic import read_line
+    from lossguard.sources.text_log import parse_lines
+
+    bar = read_line(b"Epoch 0:   3%|3  | 565/20101 [2:12:19<76:15:08, 14.05s/it, loss=nan, reduced_train_loss=3.910, "
+                    b"gradient_norm=1.010, global_step=564.0]")
+    assert bar[0].signals["loss"] == 3.91 and math.isnan(bar[0].signals["other_loss"])
+    for line in (b"{'loss': nan, 'lm_loss': 2.3, 'learning_rate': 1e-05}", b"{'lm_loss': 2.3, 'loss': nan}"):
+        records = list(parse_lines([line] * 3))  # the third read goes through a learned layout, if any
+        assert all(any(math.isnan(v) for v in r.signals.values()) for r in records), line
+
+
+def test_a_nan_in_a_second_loss_column_is_at_least_a_warning_in_every_format(tmp_path):
+    rows = [(i, 3.9 - i / 100) for i in range(1, 9)]
+    texts = {
+        "bar.log": "".join(f"Epoch 0:   3%|3  | {s}/20101 [2:12:19<76:15:08, 14.05s/it, loss=nan, "
+                           f"reduced_train_loss={v:.3f}, gradient_norm=1.010, global_step={s}]\n" for s, v in rows),
+        "dicts.log": "".join(repr({"loss": v, "lm_loss": float("nan"), "grad_norm": 1.2 + s / 50}) + "\n"
+                           for s, v in rows),
+        "metrics.jsonl": "".join(f'{{"step": {s}, "loss": NaN, "train_loss": {v}}}\n' for s, v in rows),
+        "table.txt": "step  train_loss  loss\n" + "".join(f"{s}  {v}  nan\n" for s, v in rows),
+    }
+    for name, text in texts.items():
+        d = _analyze(tmp_path, text, name)
+        assert d.verdict in ("warning", "broken") and d.signature == "nonfinite", (name, d.verdict, d.signature)

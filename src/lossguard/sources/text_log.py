@@ -20,7 +20,7 @@ from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources import progress
 from lossguard.sources.ds_facts import facts_from_line
-from lossguard.sources.generic import STEP_NAMES, read_line
+from lossguard.sources.generic import STEP_NAMES, put_loss, read_line
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
 
 _DEDUPE_WINDOW = 256
@@ -265,7 +265,9 @@ class TextLogParser:
                 step = int(value)
             elif role == _STEP_OF_MAX:
                 step = _first_int(raw_value)
-            if name is not None and value is not None:
+            if name == "loss" and value is not None:
+                put_loss(signals, value)  # a second loss column: its NaN is kept (generic.put_loss)
+            elif name is not None and value is not None:
                 signals[name] = value
         if plain and text is not None:
             keys = tuple(key for key, _ in pairs)
@@ -599,6 +601,8 @@ class _Layout:
                 named.append((number, info[0]))
             at = end
         parts.append(re.escape(text[at:]))
+        if len({name for _, name in named}) < len(named):
+            return  # two columns of one signal (`loss` and `lm_loss`): `_pairs` puts them (generic.put_loss)
         pattern = re.compile(b"".join(parts))
         if pattern.fullmatch(text):  # not when a value holds a quote: such a shape would never match
             self.shapes.append((pattern, tuple(named)))
