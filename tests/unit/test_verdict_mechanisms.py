@@ -182,8 +182,9 @@ def test_an_eval_loss_pinned_at_ln_k_from_the_first_evaluation_is_not_learning()
 
 def test_a_train_loss_pinned_at_ln_k_is_not_learning_and_one_that_leaves_it_is_not():
     level = math.log(4)
-    d = run(_trains([level * (1 + (i % 3 - 1) * 5e-4) for i in range(12)]))
+    d = run(_trains([level * (1 + 1e-3 * math.sin(i)) for i in range(12)]))  # never the same value twice
     assert (d.verdict, d.signature) == ("broken", "not-learning")
+    assert "LOSS010" in {f.code for f in d.findings}
     falling = [level * (1 + (i % 3 - 1) * 5e-4) for i in range(4)] + [1.2, 1.0, 0.9, 0.8]
     assert "LOSS010" not in {f.code for f in run(_trains(falling)).findings}
 
