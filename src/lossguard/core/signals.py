@@ -8,6 +8,8 @@ import re
 SIGNALS: dict[str, str] = {
     "loss": "training loss as logged (after the Trainer's NaN filter unless `raw_loss` exists)",
     "raw_loss": "training loss before any logging filter (live monitor only)",
+    "other_loss": "another loss column of the same log (a progress bar's `loss` beside `reduced_train_loss`), "
+                  "kept only when it is NaN/Inf: a reader's choice of column never hides a NaN",
     "grad_norm": "global gradient norm (DeepSpeed's when it exists; may be a sentinel)",
     "lr": "learning rate of the first param group",
     "loss_scale": "fp16 dynamic loss scale",
@@ -38,6 +40,7 @@ ALIASES: dict[str, str] = {
     "lm_loss": "loss",
     "total_loss": "loss",
     "raw_loss": "raw_loss",
+    "other_loss": "other_loss",
     "grad_norm": "grad_norm",
     "grad norm": "grad_norm",
     "gradient_norm": "grad_norm",

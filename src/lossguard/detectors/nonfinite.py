@@ -350,3 +350,28 @@ class GradNormSentinel(DetectorBase):
         if (loss == 0.0 and not rl) or is_nonfinite(loss):
             return state.streak >= 1
         return state.streak >= self._STREAK and not state.loss_moved
+
+
+@register
+class OtherLossNonFinite(DetectorBase):
+    """LOSS011: a second loss column of a log is NaN/Inf while the loss the reader chose is finite (Lightning's
+    progress-bar `loss=nan` beside NeMo's `reduced_train_loss=3.91`, `lm_loss` beside `loss`). Readers keep such
+    a value as `other_loss` (sources/generic.put_loss) so that no choice of column hides a NaN. A warning, not a
+    death: the finite column and a finite gradient norm say the weights are alive, and the NaN may be a
+    display slot the integration does not fill; if it is a component of the trained loss, the gradient norm
+    or the loss turns non-finite next and LOSS001 reports that. Fix: find which loss is NaN and why (log the
+    components; `torch.autograd.set_detect_anomaly` on a few steps)."""
+
+    wants = frozenset({"other_loss"})
+    calm = {"other_loss": finite}
+    code = "LOSS011"
+    name = "loss.other-column-nonfinite"
+    signature = "nonfinite"
+    severity = Severity.WARNING
+
+    def observe(self, record: Record) -> list[Finding]:
+        other, loss = record.signals.get("other_loss"), record.signals.get("loss")
+        if record.kind != TRAIN or not is_nonfinite(other) or is_nonfinite(loss):
+            return []  # a non-finite chosen loss is LOSS001's
+        return self.emit(f"a second loss column is {other} at step {record.step} while the loss read is {loss:g}: "
+                         "one of the losses this run logs is not finite", record.step, record.rank, value=other)

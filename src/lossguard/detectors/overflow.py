@@ -2,13 +2,16 @@
 falling to its floor, the LR frozen because DeepSpeed steps the scheduler only on applied steps.
 
 The start-up calibration is benign: DeepSpeed starts at 2^16 (or 2^32) and halves the scale on the
-first steps until gradients fit. A storm is a streak of skips *after* steps have been applied, a
+first steps until gradients fit; a skip that halves a scale already under 2^7 (below every framework's
+initial scale) is no calibration, wherever it sits in the log. A storm is a streak of skips *after* steps have been applied, a
 scale driven to 1 or below (DeepSpeed's `min_loss_scale` default; fairseq's scales go below 1), or
 DeepSpeed's own "already at minimum". Intermittent skips while training proceeds (a scale that settles
 at 8 with an overflow every other step and the loss still moving) are not a storm: the INFO finding.
 """
 
 from __future__ import annotations
+
+import math
 
 from lossguard.core.calm import finite, finite_nonzero, nonzero, zero
 from lossguard.core.findings import Finding, Severity
@@ -18,6 +21,12 @@ from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
 _FLOOR_SCALE = 1.0  # DeepSpeed's min_loss_scale default: a scale at or under it cannot halve again
+# The lowest scale any common fp16 loop starts from: fairseq's `--fp16-init-scale` default 2^7. DeepSpeed
+# starts at 2^initial_scale_power (default 16: 65536), torch / apex GradScaler at 2^16, Megatron at 2^32.
+# Start-up calibration halves down from there until the gradients fit; a skip that halves a scale under
+# 2^7 is no such search (the run is well past its start, or the search went so far down that the
+# gradients, or the forward pass itself, overflow at any scale).
+LOWEST_INITIAL_SCALE = 2.0 ** 7
 # A record of this shape changes nothing once training has started and no run of skips is open.
 _QUIET = {"skipped_steps": zero, "loss": finite_nonzero, "raw_loss": finite_nonzero, "grad_norm": finite}
 
@@ -51,6 +60,7 @@ class OverflowStorm(DetectorBase):
         self.lowest_scale: float | None = None
         self._bf16: bool | None = None
         self._frozen = Streak()  # logs with the LR frozen while the gradients are non-finite
+        self._past_startup_by_scale = False  # start-up was ruled out by a small scale, not by an applied step
 
     @property
     def calm(self) -> dict | None:
@@ -124,6 +134,9 @@ class OverflowStorm(DetectorBase):
             self._streak = 0
 
     def _skip(self, step: int | None, record: Record, new_scale: float | None) -> list[Finding]:
+        if not self._applied_any and _below_startup(record, new_scale):
+            self._applied_any = True  # past start-up: this skip and the run of skips it is in are no calibration
+            self._past_startup_by_scale = True
         self.num_skipped += 1
         self._last_skip_step = step
         if new_scale is not None:
@@ -142,8 +155,9 @@ class OverflowStorm(DetectorBase):
             return self._fire(self._streak_since, f"the loss is {raw} on {self._streak} skipped steps in "
                                                   "a row: the forward pass itself overflows")
         if self._applied_any and self._streak >= _MID_RUN_STREAK:
-            return self._fire(self._streak_since, f"{self._streak} skipped steps in a row after training "
-                                                  "had started")
+            when = f"with the loss scale already under {LOWEST_INITIAL_SCALE:g} (no start-up calibration)" \
+                if self._past_startup_by_scale else "after training had started"
+            return self._fire(self._streak_since, f"{self._streak} skipped steps in a row {when}")
         if self.lowest_scale is not None and self.lowest_scale <= _FLOOR_SCALE:
             return self._fire(self._streak_since, f"loss scale driven down to {self.lowest_scale:g}")
         return []
@@ -173,11 +187,34 @@ class OverflowStorm(DetectorBase):
         return []
 
 
+def _below_startup(record: Record, new_scale: float | None) -> bool:
+    """The skip halved a scale under every framework's initial scale (LOWEST_INITIAL_SCALE)."""
+    attempted = record.data.get("attempted_scale")
+    if attempted is None and new_scale is not None:
+        attempted = 2 * new_scale  # a dynamic scaler halves on a skip
+    return attempted is not None and attempted < LOWEST_INITIAL_SCALE
+
+
+# A start-up run of skipped steps at DeepSpeed's defaults (initial_scale_power 16, hysteresis 2: the first
+# overflow only spends the hysteresis) has driven the scale under LOWEST_INITIAL_SCALE once it is longer than
+# this: 16 - 7 halvings plus the one overflow the hysteresis absorbs. An LR still 0 after more steps than that
+# is no calibration; one that rises within them was.
+_DS_INITIAL_SCALE, _DS_HYSTERESIS = 2.0 ** 16, 2
+MAX_CALIBRATION_STEPS = round(math.log2(_DS_INITIAL_SCALE / LOWEST_INITIAL_SCALE)) + _DS_HYSTERESIS - 1
+
+
 @register
 class LearningRateZero(DetectorBase):
-    """LR001: learning rate 0 log after log. The first log under warmup is 0 by design (transformers
-    >= 4.51 logs the pre-step LR); a schedule that never leaves 0 means the scheduler is not stepping
-    (fp16 skips, or warmup longer than the run)."""
+    """LR001: learning rate 0 log after log: the scheduler is not stepping (fp16 skips, or warmup longer than
+    the run), so the weights are not being updated.
+
+    An LR that is 0 from the first logs and then rises is warmup, or DeepSpeed's start-up loss-scale
+    calibration (the scheduler steps only on applied steps; the Trainer warns "tried to get lr value before
+    scheduler/optimizer started stepping"): no finding. Such a start-up run counts only when it lasts to the
+    end of the log (three logs or more), or when the log says no step was applied (that warning, or a grad
+    norm of exactly 0.0: DeepSpeed's until its first applied step) for more real steps than the calibration
+    takes (MAX_CALIBRATION_STEPS; with the warning the LR has been 0 since step 1, so one log at step 11
+    shows 11 steps without an optimizer step). A run of zeros after the LR had moved counts at three logs."""
 
     wants = frozenset({"lr", "lr-before-step", "overflow"})
     code = "LR001"
@@ -194,6 +231,8 @@ class LearningRateZero(DetectorBase):
         self._warned_before_step = 0
         self._steps: set[int] = set()  # steps counted (a DeepSpeed `step=` line and an HF dict share one)
         self._overflow_steps: set[int] = set()
+        self._num_zero_lr = 0  # zero-LR logs (rank 0 / the run's), counted or not
+        self._startup = False  # the current run of zeros began with every LR log before it 0
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT and record.event == "lr-before-step":
@@ -206,18 +245,43 @@ class LearningRateZero(DetectorBase):
             return []  # a non-zero LR ends the run of zeros: the next zero finds a gap in the LR logs
         # LR logs of the run-level log and rank 0 so far, the non-zero ones the engine did not route too.
         seq = self.counts.seq(None, "lr") + self.counts.seq(0, "lr")
+        self._num_zero_lr += 1
         if record.step in self._steps or record.step in self._overflow_steps or self._skipped(record):
             self._zero.follow(seq)  # a skipped step does not step the scheduler: not a stuck LR
             return []
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()
-        if self._zero.update(True, record.step, seq) >= self._STREAK:
-            why = (f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
-                   if self._warned_before_step else "")
-            return self.emit(f"learning rate is 0 in {self._zero.count} logs in a row from step "
-                             f"{self._zero.since}: the weights are not being updated{why}", self._zero.since)
+        if self._zero.update(True, record.step, seq) == 1:
+            self._startup = self._num_zero_lr == seq  # no LR log so far was anything but 0
+        if not self._startup:
+            return self._report() if self._zero.count >= self._STREAK else []
+        # Only where the log says no step was applied since step 1: the Trainer's warning, or DeepSpeed's grad
+        # norm still at the 0.0 it starts from (it is set on the first applied step). An LR printed as `0.0000`
+        # beside a moving grad norm is a small LR rounded, not a scheduler that never stepped.
+        unapplied = self._warned_before_step or record.signals.get("grad_norm") == 0.0
+        steps = record.step if unapplied and not record.step_is_ordinal else None
+        if steps is not None and steps > MAX_CALIBRATION_STEPS:
+            return self._report(f"; {steps} steps without an optimizer step by step {record.step}, more than "
+                                f"start-up loss-scale calibration takes ({MAX_CALIBRATION_STEPS} at DeepSpeed's "
+                                "defaults)")
         return []
+
+    def _report(self, why: str = "") -> list[Finding]:
+        if self._warned_before_step:
+            why += f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
+        logs = f"{self._zero.count} logs in a row" if self._zero.count > 1 else "the log"
+        return self.emit(f"learning rate is 0 in {logs} from step {self._zero.since}: the weights are not being "
+                         f"updated{why}", self._zero.since)
+
+    def finish(self) -> list[Finding]:
+        if self.fired is None and self._startup and self._zero.count >= self._STREAK and \
+                self._zero.last_seq == self.counts.seq(None, "lr") + self.counts.seq(0, "lr"):
+            found = self._report("; it never rose from the start to the end of the log")
+        else:
+            found = []
+        super().finish()
+        return found
 
     def _skipped(self, record: Record) -> bool:
         """The step of this log was skipped: the skip counter grew, or (in a log without skip counters)

@@ -12,6 +12,9 @@ from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinit
 from lossguard.detectors.registry import register
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
+# Distinct samples (got, expected) whose mismatch warnings must all show one offset before the offset says
+# "the template" rather than "these samples": one sample shows an offset, two that agree show a rule.
+_SYSTEMATIC_SAMPLES = 2
 
 
 @dataclass
@@ -42,6 +45,8 @@ class MaskedLabels(DetectorBase):
         self.num_warnings = 0
         self._first_warning_step: int | None = None
         self._first_zero_loss: tuple | None = None  # (step, rank) of the first loss of exactly 0.0
+        # The (got, expected) token counts of each distinct `tokenization mismatch` sample, for `_template_cut`.
+        self._mismatches: set[tuple[int, int]] = set()
         # An fp16 run may skip a step, which also logs loss 0.0 (a NaN through the filter) and grad_norm 0.0:
         # there one such log is not proof, two in a row are.
         self._may_skip = False
@@ -52,6 +57,9 @@ class MaskedLabels(DetectorBase):
                 self.num_warnings += 1
                 if self._first_warning_step is None:
                     self._first_warning_step = record.step
+                got, expected = record.data.get("got"), record.data.get("expected")
+                if got is not None and expected is not None and len(self._mismatches) < 4096:
+                    self._mismatches.add((got, expected))
             elif record.event == "overflow" or (record.event == "facts" and record.data.get("fp16")):
                 self._may_skip = True
             return []
@@ -88,6 +96,12 @@ class MaskedLabels(DetectorBase):
                 f"{self.num_warnings} label-masking warnings (tokenization mismatch / response key / image "
                 f"tokens) and the loss is exactly 0.0 from step {step}: the preprocessing masked every label, "
                 "so there is nothing to learn", step, rank, warnings=self.num_warnings)
+        if self.fired is None and (offset := self._template_cut()) is not None:
+            return self.emit(
+                f"{self.num_warnings} label-masking warnings, and every 'tokenization mismatch' is off by the same "
+                f"{offset:+d} tokens ({len(self._mismatches)} samples): the conversation template does not match "
+                "the tokenizer, so every sample is cut and fully masked and the run learns nothing",
+                self._first_warning_step, warnings=self.num_warnings, offset=offset)
         if self.fired is None and self.num_warnings:
             return self.emit(
                 f"{self.num_warnings} label-masking warnings (tokenization mismatch / response key / image "
@@ -96,6 +110,22 @@ class MaskedLabels(DetectorBase):
         if self.fired is not None:
             self.fired.data["warnings"] = self.num_warnings
         return []
+
+    def _template_cut(self) -> int | None:
+        """The offset (expected - got) every mismatch warning shows, when the warnings say that every sample
+        is cut: LLaVA / FastChat / InternVL's preprocess counts each turn's tokens with the template and
+        masks the whole sample when the count is off. A wrong template (separator, BOS/EOS handling) is off
+        by the same tokens on every sample (+14 for a ChatML tokenizer under `--version v1`, -1 for Llama-3
+        under the Llama-2 template), whatever the sample's length; samples cut for their own reasons
+        (truncation, odd turns) are off by varying amounts. Two distinct samples with one offset and no other
+        make it a rule. A logged loss that is finite and not 0.0 says some samples still train (a mixed
+        dataset where one source's template is wrong): then it stays a warning."""
+        offsets = {expected - got for got, expected in self._mismatches}
+        if len(self._mismatches) < _SYSTEMATIC_SAMPLES or len(offsets) != 1:
+            return None
+        if any(profile.nonzero for _, profile in self.profile.items()):
+            return None
+        return offsets.pop()
 
 
 @register

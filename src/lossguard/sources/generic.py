@@ -11,6 +11,7 @@ several dicts gives one segment each) and each segment becomes at most one recor
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -140,11 +141,17 @@ def read_line(line: bytes) -> list[Segment]:
 
 def _bare_tensor(line: bytes) -> float | None:
     """The loss of a line that is a printed tensor behind launcher / logger / paste prefixes, else None."""
-    at = 0
-    while part := _PREFIX_PART.match(line, at):
-        at = part.end()
-    bare = BARE_TENSOR.fullmatch(line, at)
+    bare = BARE_TENSOR.fullmatch(line, past_prefix(line))
     return float(bare.group(1)) if bare else None
+
+
+def past_prefix(line: bytes, at: int = 0, end: int | None = None) -> int:
+    """Where `line` goes on after what launchers, loggers and pastes put before it (`[rank0]:`, `10.0.0.1: `,
+    a timestamp and level, `> `), read from `at` (up to `end`)."""
+    end = len(line) if end is None else end
+    while (part := _PREFIX_PART.match(line, at, end)) and part.end() > at:
+        at = part.end()
+    return at
 
 
 def _segments(line: bytes, start: int, end: int) -> list[Segment]:
@@ -180,6 +187,21 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
     return [s for s in out if s.signals or s.step is not None or s.named_counter]
 
 
+def put_loss(signals: dict[str, float], value: float, preferred: bool = True) -> None:
+    """A loss column's value into a log's signals, where another loss column may be there already (`loss` and
+    `lm_loss`, `train_loss` and `reduced_train_loss`): the preferred one is the loss; the other, when it is
+    NaN/Inf, is kept as `other_loss`, so that a NaN in any loss column reaches the detectors (LOSS011) and a
+    reader's choice of column never hides one. Every reader puts its loss columns through here."""
+    held = signals.get("loss")
+    if held is None:
+        signals["loss"] = value
+        return
+    kept, other = (value, held) if preferred else (held, value)
+    signals["loss"] = kept
+    if other != other or other in (math.inf, -math.inf):
+        signals["other_loss"] = other
+
+
 def _has_metric(segment: Segment) -> bool:
     """The segment holds a signal other than the epoch (`Epoch 1 | iter 5 step 1` has none yet)."""
     return len(segment.signals) > ("epoch" in segment.signals)
@@ -202,7 +224,7 @@ def _add(segment: Segment, role: int, name: str | None, rank: int, value: float,
             segment.epochs = int(of_total) if of_total is not None else None
         segment.signals.setdefault("epoch", value)
     elif role == _LOSS:
-        if rank < segment.loss_rank:
-            segment.signals["loss"], segment.loss_rank = value, rank
+        put_loss(segment.signals, value, rank < segment.loss_rank)
+        segment.loss_rank = min(rank, segment.loss_rank)
     else:
         segment.signals.setdefault(name, value)

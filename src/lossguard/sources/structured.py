@@ -14,6 +14,7 @@ from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import STEP_KEYS, canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
+from lossguard.sources.generic import put_loss
 from lossguard.sources.scan import ScanCounts, bounded_lines
 
 
@@ -48,7 +49,9 @@ class RowReader:
         for key, value in row.items():
             name = canonical(str(key))
             number = to_float(value)
-            if name is not None and number is not None:
+            if name == "loss" and number is not None:
+                put_loss(signals, number)  # a second loss column: its NaN is kept (generic.put_loss)
+            elif name is not None and number is not None:
                 signals[name] = number
         if not signals.keys() - {"epoch"}:
             return None

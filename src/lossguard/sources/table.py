@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lossguard.core.records import Record
 from lossguard.core.signals import to_float
-from lossguard.sources.generic import column_name
+from lossguard.sources.generic import column_name, put_loss
 from lossguard.sources.structured import RowReader
 
 _RULE_CHARS = frozenset("|-: \t\r\n")
@@ -113,7 +113,12 @@ class TableSource:
                 values = _values(line, sep, header) if header is not None else None
                 if values is None:
                     continue
-                row = {name: value for name, value in zip(header, values) if name and value is not None}
+                row: dict[str, float] = {}
+                for name, value in zip(header, values):
+                    if name == "loss" and value is not None:
+                        put_loss(row, value)  # a second loss column: its NaN is kept (generic.put_loss)
+                    elif name and value is not None:
+                        row[name] = value
                 # A row with a train and an eval loss (the Trainer's notebook table) is two records.
                 eval_loss = row.pop("eval_loss", None)
                 if row.keys() - {"step", "epoch"} and (record := reader.record(line_no, row)) is not None:

@@ -18,8 +18,9 @@ from typing import BinaryIO
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
+from lossguard.sources import progress
 from lossguard.sources.ds_facts import facts_from_line
-from lossguard.sources.generic import STEP_NAMES, read_line
+from lossguard.sources.generic import STEP_NAMES, put_loss, read_line
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
 
 _DEDUPE_WINDOW = 256
@@ -66,6 +67,9 @@ class TextLogParser:
         self._open: tuple[int | None, bytes, Record] | None = None
         # Overflow events before any step number: each is one skipped step, so the n-th is step n.
         self._early_skips = 0
+        # The step a running training bar showed on an event's line (sources/progress.py), for the next log
+        # that names no step: the log printed after the bar is of that step.
+        self._bar_step: int | None = None
         self._last_overflow: tuple | None = None
         self._epochs_from_zero = False  # an epoch written `0/N` was seen: `e/N` epochs count from 0
         # A line announcing an evaluation (`***** Evaluating perplexity *****`) and the last step then: the
@@ -222,8 +226,12 @@ class TextLogParser:
         return _train_record(held.step, signals, self.source, line_no, held.step_is_ordinal, held.kind)
 
     def _guess_step(self) -> tuple[int, bool, bool]:
-        """(step, is ordinal, guessed) of a log that names no step: one interval past the last step. It is
-        an ordinal log number only while the log has shown no real step number."""
+        """(step, is ordinal, guessed) of a log that names no step: the step a training bar showed since the
+        last log, else one interval past the last step. It is an ordinal log number only while the log has
+        shown no real step number."""
+        bar, self._bar_step = self._bar_step, None
+        if bar is not None and (self._last_log_step is None or bar > self._last_log_step):
+            return bar, False, True
         if self.last_step is None:
             return 1, True, True
         return self.last_step + self._interval, not self._real_steps, True
@@ -257,7 +265,9 @@ class TextLogParser:
                 step = int(value)
             elif role == _STEP_OF_MAX:
                 step = _first_int(raw_value)
-            if name is not None and value is not None:
+            if name == "loss" and value is not None:
+                put_loss(signals, value)  # a second loss column: its NaN is kept (generic.put_loss)
+            elif name is not None and value is not None:
                 signals[name] = value
         if plain and text is not None:
             keys = tuple(key for key, _ in pairs)
@@ -286,14 +296,26 @@ class TextLogParser:
             data = {"count": _int(groups[0].replace(",", ""))}
         elif name == "nonfinite-detected":
             data = {"batch": _int(groups[0])}
-        # An event belongs to the step being taken: one past the last logged step. Before any step number
-        # an overflow is the log's own count of steps (each one skipped); other events follow that count.
-        if self.last_step is not None:
+        # An event belongs to the step being taken: one past the last logged step, or past the step a training
+        # bar on its line shows. Before any step number an overflow is the log's own count of steps (each one
+        # skipped); other events follow that count.
+        if (bar := progress.bar_step(match.string, match.start())) is not None and bar >= (self.last_step or 0):
+            step = self._at_bar(bar, name)
+        elif self.last_step is not None:
             step = self.last_step + 1
         else:
             self._early_skips += name == "overflow" and not self._copy_of_last_overflow(data)
             step = self._early_skips or None
         return Record(step=step, kind=EVENT, event=name, data=data, source=self.source, line_no=line_no)
+
+    def _at_bar(self, bar: int, name: str) -> int:
+        """The step of an event printed on a training bar's line at `bar` steps done: the step being taken.
+        An overflow says that step was taken (and skipped), so the log printed next is of that step; the
+        Trainer's own warnings come while it logs the step the bar shows."""
+        self._real_steps = True
+        self.last_step = bar
+        self._bar_step = bar + 1 if name == "overflow" else bar
+        return bar + 1
 
     def _copy_of_last_overflow(self, data: dict) -> bool:
         """The same halving as the overflow before it (`65536, reducing to 32768` again): one scaler never
@@ -579,6 +601,8 @@ class _Layout:
                 named.append((number, info[0]))
             at = end
         parts.append(re.escape(text[at:]))
+        if len({name for _, name in named}) < len(named):
+            return  # two columns of one signal (`loss` and `lm_loss`): `_pairs` puts them (generic.put_loss)
         pattern = re.compile(b"".join(parts))
         if pattern.fullmatch(text):  # not when a value holds a quote: such a shape would never match
             self.shapes.append((pattern, tuple(named)))
