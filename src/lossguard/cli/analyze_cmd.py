@@ -13,7 +13,10 @@ from lossguard.cli.options import fail_on_option, load_known_facts, should_fail
 
 @click.command("analyze")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
+              help="json: one object with verdict, signature, onset_step, causes (id, confidence, evidence, "
+                   "against, fix, decided_by), deciding_facts, findings, facts, stats, inputs, incomplete and "
+                   "inputs_skipped (docs/analyze.md, 'The JSON report').")
 @fail_on_option
 @click.option("--config", "ds_config", type=click.Path(dir_okay=False),
               help="The run's DeepSpeed config (JSON/YAML), or the accelerate / LLaMA-Factory / axolotl YAML that "

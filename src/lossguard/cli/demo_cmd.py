@@ -25,8 +25,10 @@ def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
     try:
         from lossguard import demo as demos
     except ImportError as exc:
+        from lossguard.install_hint import install_command
+
         raise UserError(f"the demo needs the training stack ({exc.name} is missing): "
-                        "run `make demo` or `pip install 'lossguard[train]'`") from None
+                        f"{install_command('train')}") from None
     if list_only:
         for name, description in demos.list_demos():
             click.echo(f"{name:<16} {description}")

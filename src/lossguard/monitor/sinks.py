@@ -104,9 +104,25 @@ class JsonlSink:
 
 
 def say(text: str) -> None:
-    """A line on stderr that can never raise into training (stderr closed, a broken pipe)."""
+    """A line on stderr that can never raise into training (stderr closed, a broken pipe). While a tqdm bar
+    (the Trainer's, Lightning's) is drawn on stderr without its newline, the line goes through `tqdm.write`,
+    which clears the bar, prints the line on its own and redraws the bar: a plain print would be glued onto
+    the bar (`85.51it/s]lossguard: step 2 ...`)."""
+    with contextlib.suppress(Exception):  # never raise into training, whatever tqdm does
+        if _live_tqdm_bar():
+            sys.modules["tqdm"].tqdm.write(text, file=sys.stderr)
+            return
     with contextlib.suppress(OSError, ValueError):
         print(text, file=sys.stderr, flush=True)
+
+
+def _live_tqdm_bar() -> bool:
+    """A tqdm bar exists and draws on this stderr (tqdm imported by the job, never imported here)."""
+    tqdm = sys.modules.get("tqdm")
+    instances = getattr(getattr(tqdm, "tqdm", None), "_instances", None)
+    return bool(instances) and any(getattr(bar, "fp", None) is not None and
+                                   getattr(bar.fp, "_wrapped", bar.fp) in (sys.stderr, sys.__stderr__)
+                                   for bar in list(instances))
 
 
 class Webhook:

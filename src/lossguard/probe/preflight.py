@@ -20,11 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+from lossguard.install_hint import install_command
+
 # What the built-in jobs (zoo scenarios, the demo, probe's tiny model) import in every rank.
 TRAINING_STACK = ("torch", "deepspeed", "transformers", "accelerate")
 # What a user's own `probe --cmd` job needs at least for the auto-attached guard to work.
 USER_JOB_STACK = ("torch", "deepspeed")
-INSTALL_HINT = "pip install 'lossguard[train]'"
+INSTALL_HINT = install_command("train")
 _FIND = ("import importlib.util, sys; "
          "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
 

@@ -1,4 +1,5 @@
-"""JSON report: the `analyze --format json` contract (DESIGN.md), also written by `watch` as report.json."""
+"""JSON report: the `analyze --format json` contract (docs/analyze.md, 'The JSON report'), also written by `watch`
+as report.json."""
 
 from __future__ import annotations
 

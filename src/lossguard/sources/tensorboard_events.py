@@ -20,8 +20,10 @@ class TensorBoardSource:
         try:
             from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         except ImportError:
+            from lossguard.install_hint import install_command
+
             raise SourceError(f"{path}: reading TensorBoard files needs the `tensorboard` package; "
-                              "install it with `pip install 'lossguard[tensorboard]'`") from None
+                              f"install it with `{install_command('tensorboard')}`") from None
         pending: dict[int, dict[str, float]] = {}
         order: list[int] = []
         try:
