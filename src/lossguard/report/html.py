@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from lossguard.core.findings import Finding
-from lossguard.core.records import EVENT
 from lossguard.diagnose.ranking import Cause
 from lossguard.report import html_assets
 from lossguard.report import html_sections as sections
 from lossguard.report.html_sections import PANELS, Series, Table
 from lossguard.report.svg import Point
+from lossguard.report.timeline import onset_rows
 
 # The file name `watch`, `probe` and `demo` write under their `--report DIR`.
 REPORT_FILENAME = "report.html"
@@ -167,7 +167,7 @@ def _summary(diagnosis) -> list[str]:
 
 
 def _onset_table(diagnosis) -> Table | None:
-    window = [r for r in diagnosis.result.onset_window if r.kind != EVENT or r.event != "facts"]
+    window = onset_rows(diagnosis)
     if not window or diagnosis.signature is None:
         return None
     signals = [s for s in PANELS if any(s in r.signals for r in window)]

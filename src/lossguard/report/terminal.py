@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from lossguard.core.findings import Severity
-from lossguard.core.records import EVENT
 from lossguard.diagnose.diagnosis import Diagnosis, deciding_facts
+from lossguard.report.timeline import onset_rows
 
 _VERDICT_STYLE = {"healthy": "bold green", "warning": "bold yellow", "broken": "bold red"}
 _TIMELINE_SIGNALS = ("loss", "raw_loss", "grad_norm", "lr", "loss_scale", "num_label_tokens", "eval_loss")
@@ -53,8 +53,7 @@ def _fmt(value: float | None) -> str:
 
 
 def _timeline(console: Console, diagnosis: Diagnosis) -> None:
-    window = [r for r in diagnosis.result.onset_window
-              if r.kind != EVENT or r.event not in ("facts", "train-summary")]
+    window = onset_rows(diagnosis)
     if not window:
         return
     signals = [s for s in _TIMELINE_SIGNALS if any(s in r.signals for r in window)]
