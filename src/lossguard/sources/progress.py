@@ -4,8 +4,8 @@ The HF Trainer draws tqdm's bar with no description, ` 14%|█▍        | 379/2
 379 of 2724 optimizer steps are done. What the job prints while that bar is up (a DeepSpeed OVERFLOW line,
 the Trainer's "tried to get lr value" warning) lands on the bar's line, and a log dict printed next is the
 log of step 379. A log that names no step of its own is then placed on the run's real steps instead of
-being numbered 1, 2, 3: the overflows of 009 (Chinese-LLaMA-Alpaca #534) sit at step ~380 of 2724, not at
-the start-up.
+being numbered 1, 2, 3: a storm of overflows hours into a run sits at its real step, not at the start-up
+where a few overflows are the loss scale's normal calibration.
 
 Only a bar with no description counts: `Map:  14%|...| 7000/52002 [`, `Epoch 0:  3%|...| 565/20101 [` and
 the like count samples or batches of an epoch, not optimizer steps. What a launcher or a paste put before
