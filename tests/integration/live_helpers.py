@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +46,18 @@ def run_job(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) 
     env = {**os.environ, "PYTHONPATH": str(SRC), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     torchrun = Path(sys.executable).parent / "torchrun"
     # A fresh port, never torchrun's default 29500: a job that outlived its test must not meet the next one.
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                           "--master_port", str(free_port()), str(JOBS / script), str(out), *scenarios],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
-    log = proc.stdout + proc.stderr
+    # Its own session, so that a timeout stops the ranks too: killing torchrun alone orphans them, and they
+    # hold the port and their files while the next tests run.
+    proc = subprocess.Popen([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                             "--master_port", str(free_port()), str(JOBS / script), str(out), *scenarios],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        raise
+    log = stdout + stderr
     (out / f"{script}.log").write_text(log)
     assert proc.returncode == 0, f"every rank must exit cleanly; rc={proc.returncode}\n{log[-4000:]}"
     return {name: json.loads((out / name / "summary.json").read_text()) for name in scenarios}, log
@@ -59,6 +69,35 @@ def above_info(summary: dict) -> list[tuple]:
 
 def signatures_at(summary: dict, step: int) -> set[str]:
     return {f["signature"] for f in summary["findings"] if f["step"] in (step, step + 1) and f["signature"]}
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the process's whole session (torchrun and the ranks it started in sessions of their own are
+    found by their parent), then reap it."""
+    pids = {proc.pid}
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getsid(int(child.name)) == proc.pid:
+                pids.add(int(child.name))
+        except (OSError, ValueError):
+            continue
+    for pid in _descendants(pids):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    found, changed = set(pids), True
+    while changed:
+        changed = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                if ppid in found and pid not in found:
+                    found.add(pid)
+                    changed = True
+    return found
 
 
 def run_job_two_nodes(script: str, out: Path, scenarios: list[str], timeout_s: int = 600) -> dict[str, dict]:
