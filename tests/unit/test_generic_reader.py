@@ -160,3 +160,25 @@ def test_a_copy_of_a_line_in_a_step_block_is_no_later_step():
 def test_a_new_value_of_a_name_in_a_step_block_is_still_the_next_step():
     # The copy rule takes only repeats of the same value: a second, different loss is a later step.
     assert losses(parse("step 1 token 5m\ntrain/loss 5.5\ntrain/loss 5.1\n")) == [(1, 5.5), (2, 5.1)]
+
+
+def test_lightning_prints_a_nan_metric_as_nan_dot_0_and_it_is_read_as_nan():
+    import math
+
+    from lossguard.sources.generic import read_line
+
+    (segment,) = read_line(b"Epoch 0:  28%|##  | 11/40 [00:00<00:01, 17.97it/s, train_loss=nan.0, v_num=0]")
+    assert math.isnan(segment.signals["loss"])
+    (segment,) = read_line(b"step 3 loss=-inf.0 lr=0.1")
+    assert segment.signals["loss"] == -math.inf
+
+
+def test_of_a_bars_redraws_at_one_count_the_last_holds_that_batchs_values():
+    from lossguard.sources.generic import read_line
+
+    line = (b"\rEpoch 0:  25%|#  | 10/40 [00:00<00:01, 18.03it/s, train_loss=5.930]"
+            b"\rEpoch 0:  25%|#  | 10/40 [00:00<00:01, 18.02it/s, train_loss=3.990]"
+            b"\rEpoch 0:  28%|#  | 11/40 [00:00<00:01, 17.97it/s, train_loss=3.990]"
+            b"\rEpoch 0:  28%|#  | 11/40 [00:00<00:01, 17.97it/s, train_loss=nan.0]")
+    assert [(s.counter[0], s.signals["loss"]) for s in read_line(line)][:1] == [(10, 3.99)]
+    assert len(read_line(line)) == 2

@@ -13,12 +13,14 @@ from lossguard.watch.lines import LineAssembler
 DEAD = b"{'loss': '0', 'grad_norm': '0', 'learning_rate': '0.001', 'epoch': '%d'}\n"
 
 
-def _feed_all(assembler: LineAssembler, chunks: list[bytes]) -> tuple[bytes, bytes]:
+def _feed_all(assembler: LineAssembler, chunks: list[bytes], redrawn: list | None = None) -> tuple[bytes, bytes]:
     logged, parsed = [], []
     for chunk in chunks:
-        log, parse = assembler.push(chunk)
+        log, parse, redraws = assembler.push(chunk)
         logged.append(log)
         parsed.append(parse)
+        if redrawn is not None and redraws:
+            redrawn.append(redraws)
     log, parse = assembler.flush()
     return b"".join(logged) + log, b"".join(parsed) + parse
 
@@ -35,9 +37,9 @@ def test_any_chunking_gives_the_same_lines():
 
 def test_partial_lines_are_held_until_their_newline():
     assembler = LineAssembler()
-    assert assembler.push(b"{'loss': '1.5', 'grad") == (b"", b"")
+    assert assembler.push(b"{'loss': '1.5', 'grad") == (b"", b"", b"")
     assert assembler.mid_line
-    log, parse = assembler.push(b"_norm': '0.3'}\nnext")
+    log, parse, _ = assembler.push(b"_norm': '0.3'}\nnext")
     assert log == parse == b"{'loss': '1.5', 'grad_norm': '0.3'}\n"
     assert assembler.flush() == (b"next", b"next")
 
@@ -46,7 +48,7 @@ def test_overlong_line_is_logged_whole_and_parsed_by_its_tail():
     cap = 1000
     assembler = LineAssembler(cap_bytes=cap)
     chunks = [b"\r 10%|#" * 100] * 30 + [b"{'loss': '2.0'}\nok\n"]
-    log, parse = _feed_all(assembler, chunks)
+    log, parse = _feed_all(assembler, chunks, redrawn=[])
     assert log == b"".join(chunks)  # every byte reaches the log
     first, rest = parse.split(b"\n", 1)
     assert len(first) <= cap and first.endswith(b"{'loss': '2.0'}")
@@ -110,3 +112,43 @@ def test_deepspeed_progress_lines_are_read_and_timer_lines_skipped():
                   b"RunningAvgSamplesPerSec=41.3\n")
     assert analyzer.engine.stats.num_train == 1
     assert analyzer.engine.stats.last_step == 10
+
+
+BAR = (b"\rEpoch 0:  %d%%|#   | %d/40 [00:00<00:01, 18.0it/s, train_loss=%s]")
+
+
+def _bar(values: list[str]) -> list[bytes]:
+    """Lightning's tqdm bar as it reaches a pipe: a redraw per count (old postfix), one per new postfix."""
+    chunks, last = [], None
+    for i, value in enumerate(values, 1):
+        chunks.append(BAR % (i * 100 // 40, i, last.encode()) if last else
+                      b"\rEpoch 0:  2%%|#   | %d/40 [00:00<00:01, 18.0it/s]" % i)
+        chunks.append(BAR % (i * 100 // 40, i, value.encode()))
+        last = value
+    return chunks
+
+
+def test_a_progress_bar_is_parsed_redraw_by_redraw_before_its_line_ends():
+    values = [f"{4 - i * 0.1:.3f}" for i in range(10)] + ["nan.0"] * 5
+    assembler, redrawn = LineAssembler(), []
+    log, parse = _feed_all(assembler, [*_bar(values), b"\n`Trainer.fit` stopped\n"], redrawn=redrawn)
+    assert log == b"".join(_bar(values)) + b"\n`Trainer.fit` stopped\n"
+    # Every redraw but the line's last reached the parser before the line ended; the rest came with it.
+    assert len(redrawn) == 2 * len(values) - 1 and not any(b"\r" in r.strip(b"\r")[:1] for r in redrawn)
+    assert parse.startswith(_bar(values)[-1].lstrip(b"\r")) and b"stopped" in parse
+
+
+def test_the_live_analyzer_sees_a_nan_in_a_bar_when_it_is_printed():
+    values = [f"{4 - i * 0.1:.3f}" for i in range(10)] + ["nan.0"] * 20
+    analyzer, assembler = LiveAnalyzer(halt_on="broken"), LineAssembler()
+    seen_at = None
+    for i, chunk in enumerate(_bar(values)):
+        log, parse, redraws = assembler.push(chunk)
+        alerts = (analyzer.feed(parse) if parse else []) + \
+            (analyzer.feed(redraws, complete=False, in_progress=True) if redraws else [])
+        if any(a.halt for a in alerts) and seen_at is None:
+            seen_at = alerts[0].diagnosis.onset_step, i // 2 + 1
+    assert seen_at is not None, "the NaN was never seen while the bar was drawn"
+    onset, printed_at = seen_at
+    assert onset == 11 and printed_at <= 12  # caught within a redraw or two of the NaN's own
+    assert analyzer.num_lines == 0  # the bar's line has not ended: no line was counted

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from lossguard.core.signals import canonical
 
-_NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity)?"
+# Lightning's progress bar prints a non-finite metric as `nan.0` / `inf.0` (its number format appends `.0`).
+_NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity)?(?:\.0+)?"
 # A `name <sep> value` pair (`k: v`, `k=v`, `k v`, `| k | v`, `'k': 'v'`, `k=tensor(v, ...)`, `k=[v, ...]`)
 # or a progress counter `i/N` (tqdm's `26/101 [`, mmengine-like `[1480/1504]`).
 TOKEN = re.compile(
@@ -136,13 +137,27 @@ def read_line(line: bytes) -> list[Segment]:
         segments.extend(_segments(line, start, end.end()))
         start = end.end()
     segments.extend(_segments(line, start, len(line)))
-    return segments
+    return _last_redraw_per_count(segments) if len(segments) > 1 else segments
+
+
+def _last_redraw_per_count(segments: list[Segment]) -> list[Segment]:
+    """A progress bar redraws once when its counter moves (the postfix still shows the last batch's
+    metrics) and again when the new metrics are set: of consecutive redraws at one count, the last holds
+    that batch's values (Lightning's `10/40 ... train_loss=5.93` then `10/40 ... train_loss=3.99`)."""
+    kept: list[Segment] = []
+    for segment in segments:
+        if kept and segment.counter is not None and segment.step is None and kept[-1].step is None \
+                and (kept[-1].counter, kept[-1].epoch) == (segment.counter, segment.epoch):
+            kept[-1] = segment
+        else:
+            kept.append(segment)
+    return kept
 
 
 def _bare_tensor(line: bytes) -> float | None:
     """The loss of a line that is a printed tensor behind launcher / logger / paste prefixes, else None."""
     bare = BARE_TENSOR.fullmatch(line, past_prefix(line))
-    return float(bare.group(1)) if bare else None
+    return _float(bare.group(1)) if bare else None
 
 
 def past_prefix(line: bytes, at: int = 0, end: int | None = None) -> int:
@@ -176,7 +191,7 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
         elif role == _STEP and current.step is not None:
             continue  # litgpt's `iter 9 step 2 | loss`: two counters of one moment, the first (finer) stands
         current.names.add(raw_key)
-        _add(current, role, name, rank, float(raw_value), of_total)
+        _add(current, role, name, rank, _float(raw_value), of_total)
     out.append(current)
     if first_pair is not None and EVAL_MODE.search(line, start, first_pair):
         for segment in out:
@@ -228,3 +243,11 @@ def _add(segment: Segment, role: int, name: str | None, rank: int, value: float,
         segment.loss_rank = min(rank, segment.loss_rank)
     else:
         segment.signals.setdefault(name, value)
+
+
+def _float(raw: bytes) -> float:
+    """A matched number; `nan.0` / `inf.0` (Lightning's bar) without the `.0` float() refuses."""
+    try:
+        return float(raw)
+    except ValueError:
+        return float(raw.split(b".", 1)[0])

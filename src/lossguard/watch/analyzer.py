@@ -50,8 +50,10 @@ class LiveAnalyzer:
         self._worst = 0
         self.cut_lines = 0  # lines longer than cap_bytes, read by their last part (the report says so)
 
-    def feed(self, body: bytes, *, complete: bool = True) -> list[Alert]:
-        """Whole lines (`body` ends with a newline unless `complete` is False: the last, unterminated one)."""
+    def feed(self, body: bytes, *, complete: bool = True, in_progress: bool = False) -> list[Alert]:
+        """Whole lines (`body` ends with a newline unless `complete` is False: the last, unterminated one),
+        or, `in_progress`, the redraws of the line being written (a progress bar): parsed as that line,
+        which is counted when it ends."""
         alerts: list[Alert] = []
         base = self.num_lines
         records: list[Record] = []
@@ -72,7 +74,8 @@ class LiveAnalyzer:
 
         # The chunk's records in one go: the batch path (analyze's speed), alerts placed at their line.
         self.engine.feed_all(records, on_findings)
-        self.num_lines = base + body.count(b"\n") + (0 if complete or body.endswith(b"\n") else 1)
+        if not in_progress:
+            self.num_lines = base + body.count(b"\n") + (0 if complete or body.endswith(b"\n") else 1)
         return alerts
 
     def finish(self, inputs: list[str]) -> Diagnosis:

@@ -164,6 +164,11 @@ class Watcher:
         self._token = env[JOB_ENV] = new_token()
         if self.config.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
+            # rich (Lightning's default progress bar) draws nothing into a pipe until the bar ends, maybe
+            # hours later: told the pipe is terminal-like, it redraws in place as on a terminal (a carriage
+            # return before each redraw, as tqdm does), and the redraws are read as they stream. A value the
+            # user set (TTY_COMPATIBLE=0) stands.
+            env.setdefault("TTY_COMPATIBLE", "1")
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         proc = subprocess.Popen(self.config.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 bufsize=0, **group)
@@ -232,11 +237,13 @@ class Watcher:
             return
         self.outcome.num_bytes += len(data)
         self._pass_through(stream, data)
-        log, parse = stream.lines.push(data)
+        log, parse, redraws = stream.lines.push(data)
         if log and self._log is not None:
             self._log.write(log)
         if parse:
             self._analyze(parse, complete=True)
+        if redraws:
+            self._analyze(redraws, complete=False, in_progress=True)
         self._flush_banners(force=False)
 
     def _pass_through(self, stream: _Stream, data: bytes) -> None:
@@ -258,11 +265,11 @@ class Watcher:
             self._analyze(parse, complete=False)
         stream.pipe.close()
 
-    def _analyze(self, body: bytes, *, complete: bool) -> None:
+    def _analyze(self, body: bytes, *, complete: bool, in_progress: bool = False) -> None:
         if self.analyzer is None:
             return
         try:
-            alerts = self.analyzer.feed(body, complete=complete)
+            alerts = self.analyzer.feed(body, complete=complete, in_progress=in_progress)
         except Exception as exc:  # a lossguard bug must never take the user's job down with it
             self.outcome.analysis_error = f"{type(exc).__name__}: {exc}"
             self.analyzer = None
