@@ -1,0 +1,59 @@
+"""The live guard records the Trainer's own numbers.
+
+Real two-rank Trainer runs (DDP over gloo, and DeepSpeed ZeRO-2 on CPU), `logging_steps=1`: at every
+logged step the guard's records hold the loss, grad_norm and learning_rate the Trainer logged, to float32
+rounding (see live_jobs/numbers_job.py for why each differs from a naive reading: gradient accumulation,
+clipping that bites, a warmup from 0, GPT-2's token count)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.integration.live_helpers import run_job
+
+pytestmark = pytest.mark.integration
+
+SCENARIOS = ["plain", "zero2"]
+
+
+@pytest.fixture(scope="module")
+def number_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("numbers")
+    summaries, _ = run_job("numbers_job.py", out, SCENARIOS)
+    return out, summaries
+
+
+def train_records(events_dir, rank: int) -> dict[int, dict]:
+    lines = [json.loads(x) for x in (events_dir / f"events-rank{rank}.jsonl").read_text().splitlines()]
+    return {x["step"]: x["signals"] for x in lines if x.get("kind") == "train"}
+
+
+def same(logged: float, ours: float) -> bool:
+    """Equal to float32 rounding (the Trainer's values are float32 tensors read with .item()); a value the
+    Trainer rounded to 4 decimals (some 4.x versions round the loss) to that rounding."""
+    if math.isclose(logged, ours, rel_tol=2e-6, abs_tol=1e-12):
+        return True
+    return logged == round(logged, 4) and abs(logged - ours) <= 5e-5 + 1e-12
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_guard_records_the_numbers_the_trainer_logs(number_runs, scenario):
+    out, summaries = number_runs
+    logs = [h for h in summaries[scenario]["log_history"] if "loss" in h and "step" in h]
+    assert [h["step"] for h in logs] == list(range(1, 9))
+    ranks = [train_records(out / scenario / "events", rank) for rank in (0, 1)]
+    clipped = 0
+    for h in logs:
+        mine = [r[h["step"]] for r in ranks]
+        # the Trainer logs the mean of the ranks' losses (every rank holds as many tokens here)
+        loss = sum(s["raw_loss"] for s in mine) / len(mine)
+        assert same(h["loss"], loss), (h, [s["raw_loss"] for s in mine])
+        for s in mine:  # grad norm and LR are the run's: every rank holds the Trainer's value
+            assert same(h["grad_norm"], s["grad_norm"]), (h, s)
+            assert math.isclose(h["learning_rate"], s["lr"], rel_tol=1e-9, abs_tol=1e-15), (h, s)
+        clipped += h["grad_norm"] > 0.05  # max_grad_norm: the norm after clipping would be 0.05
+    assert clipped == len(logs)  # the norm is the one before clipping at every step
+    assert logs[0]["learning_rate"] == 0.0  # the LR the first step used (warmup from 0), not the next one's
