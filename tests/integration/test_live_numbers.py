@@ -1,9 +1,11 @@
-"""The live guard records the Trainer's own numbers.
+"""The live guard records the Trainer's own numbers, and says what the data shows.
 
 Real two-rank Trainer runs (DDP over gloo, and DeepSpeed ZeRO-2 on CPU), `logging_steps=1`: at every
 logged step the guard's records hold the loss, grad_norm and learning_rate the Trainer logged, to float32
 rounding (see live_jobs/numbers_job.py for why each differs from a naive reading: gradient accumulation,
-clipping that bites, a warmup from 0, GPT-2's token count)."""
+clipping that bites, a warmup from 0, GPT-2's token count). And a real accelerate loop on random tokens,
+guarded by `Guard`: the flat loss is flagged, with the weights measured as updated, so the reason is
+"nothing to learn", not "the weights are not being updated"."""
 
 from __future__ import annotations
 
@@ -57,3 +59,27 @@ def test_guard_records_the_numbers_the_trainer_logs(number_runs, scenario):
         clipped += h["grad_norm"] > 0.05  # max_grad_norm: the norm after clipping would be 0.05
     assert clipped == len(logs)  # the norm is the one before clipping at every step
     assert logs[0]["learning_rate"] == 0.0  # the LR the first step used (warmup from 0), not the next one's
+
+
+@pytest.fixture(scope="module")
+def random_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("random")
+    summaries, _ = run_job("random_job.py", out, ["random"])
+    return out, summaries["random"]
+
+
+def test_a_flat_loss_with_updated_weights_is_nothing_to_learn(random_run):
+    out, summary = random_run
+    flat = [f for f in summary["findings"] if f["code"] == "LOSS004"]
+    assert len(flat) == 1, summary["findings"]
+    finding = flat[0]
+    assert finding["signature"] == "not-learning" and finding["severity"] == "error"
+    assert finding["data"]["weights_updated"] == 1
+    assert "although the weights are being updated" in finding["message"]
+    assert "not being updated" not in finding["message"]
+    # the reason agrees with the records: the guard measured the weights moving on every rank
+    for rank in (0, 1):
+        ratios = [s["update_ratio"] for s in train_records(out / "random" / "events", rank).values()
+                  if "update_ratio" in s]
+        assert ratios and min(ratios) > 0, ratios
+    assert finding["data"]["max_update_ratio"] > 0
