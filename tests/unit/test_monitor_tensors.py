@@ -75,3 +75,15 @@ def test_a_kept_sample_is_the_next_snapshot():
     assert first["1"] == pytest.approx(1.0) and first["0"] == 0.0
     second = dict(zip(groups, (r.item() for r in sampler.ratios(keep=True))))
     assert second["1"] == 0.0  # measured from the kept sample, after the doubling
+
+
+def test_loss_items_counts_as_the_trainer_counts_num_items_in_batch():
+    """The count a Trainer divides a summed loss by: shift_labels when given, else the shifted labels where
+    the Trainer knows the loss shifts them, else every label that is not -100 (GPT-2 in transformers 5.24)."""
+    loss_items = tensors.loss_items
+    labels = torch.tensor([[5, 6, 7, 8], [-100, -100, 7, 8]])
+    assert int(loss_items({"labels": labels}, shifted=True)) == 5
+    assert int(loss_items({"labels": labels}, shifted=False)) == 6
+    shift = torch.tensor([[6, 7, -100], [-100, 7, 8]])
+    assert int(loss_items({"labels": labels, "shift_labels": shift}, shifted=False)) == 4
+    assert loss_items({"input_ids": labels}) is None

@@ -75,7 +75,7 @@ class NonFiniteLoss(DetectorBase):
             value = record.signals.get(name)
             if is_nonfinite(value) and not (skipped and record.kind == TRAIN):
                 where = "evaluation loss" if record.kind == EVAL else name.replace("_", " ")
-                return self._fire(record, f"{where} is {value} at step {record.step}", name, value)
+                return self._fire(record, f"{where} is {value}", name, value)
         if record.kind != TRAIN:
             return []
         grad, loss = record.signals.get("grad_norm"), record.signals.get("loss")
@@ -84,10 +84,10 @@ class NonFiniteLoss(DetectorBase):
         if is_nonfinite(grad) and not skipped:
             if loss is not None and loss != 0.0 and self._may_skip:
                 return self._maybe_skipped(record, grad, loss, grad_seq, pending)
-            return self._fire(record, f"gradient norm is {grad} at step {record.step}", "grad_norm", grad)
+            beside = "" if pending is None or loss is None else f" beside a loss of {loss}"
+            return self._fire(record, f"gradient norm is {grad}{beside}", "grad_norm", grad)
         if pending is not None and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
-            return self._fire(record, f"gradient norm is {pending[1]} at step {pending[0]}, and the "
-                                      f"loss is {loss} right after", "grad_norm", pending[1])
+            return self._fire(record, f"the loss is {loss}", "grad_norm", pending[1])
         if pending is not None and grad is not None:
             if is_nonfinite(grad):
                 pending[2] = grad_seq
@@ -100,9 +100,8 @@ class NonFiniteLoss(DetectorBase):
         """A non-finite norm next to a live loss: maybe an fp16 skip, unless it persists or the loss blew up."""
         before = self.counts.previous(record.rank, "loss")
         if before is not None and 0.0 < before < math.inf and not is_nonfinite(loss) and loss >= _JUMP * before:
-            return self._fire(record, f"the loss jumped from {before:g} to {loss:g} at step {record.step} with a "
-                                      f"gradient norm of {grad}: the step blew up", "grad_norm", grad,
-                              loss_exploded=1)
+            return self._fire(record, f"the step blew up: the loss jumped from {before:g} to {loss:g} with a "
+                                      f"gradient norm of {grad}", "grad_norm", grad, loss_exploded=1)
         lr = record.signals.get("lr")
         if pending is None:
             # The LR a skip would freeze: only where the schedule was moving before (a constant schedule
@@ -124,7 +123,8 @@ class NonFiniteLoss(DetectorBase):
         pending[2], pending[3] = grad_seq, pending[3] + moved
         if pending[3] >= _PERSISTENT:
             return self._fire(record, f"gradient norm is {pending[1]} in {pending[3]} logs in a row from step "
-                                      f"{pending[0]}: not an isolated skipped step", "grad_norm", pending[1])
+                                      f"{pending[0]}: not an isolated skipped step", "grad_norm", pending[1],
+                              complete=True)
         return []  # maybe an fp16 skip (a streak of them while the scale calibrates): wait for the next log
 
     def finish(self) -> list[Finding]:
@@ -149,9 +149,19 @@ class NonFiniteLoss(DetectorBase):
         if self.counts.seq(record.rank, "grad_norm") - here > pending[2]:
             del self._pending[record.rank]
 
-    def _fire(self, record: Record, message: str, signal: str, value: float, **data) -> list[Finding]:
+    def _fire(self, record: Record, what: str, signal: str, value: float, *, complete: bool = False,
+              **data) -> list[Finding]:
+        """The finding, at the onset: the step of a pending non-finite norm this record confirms, else the
+        record's. `what` says what this record shows, without a step; the message names the onset step
+        only (`complete`: `what` is the whole message and names it already)."""
         pending = self._pending.pop(record.rank, None)
         step = pending[0] if pending is not None else record.step
+        if complete:
+            message = what
+        elif pending is not None and pending[0] != record.step:
+            message = f"gradient norm is {pending[1]} at step {step}, then {what} in a later log"
+        else:
+            message = f"{what} at step {step}"
         data.update(signal=signal, value=str(value), on_eval=int(signal == "eval_loss"))
         # Which went non-finite first: the gradient beside a finite loss (the forward pass was fine, the
         # fault is in backward or the gradient reduction) or the loss itself (the forward pass). A loss

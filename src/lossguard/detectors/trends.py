@@ -8,10 +8,13 @@ the profile marked (`reads_profile`), or the profile itself at the end.
 
 from __future__ import annotations
 
+import math
+
+from lossguard.core.calm import absent
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.profile import REPEAT_LOGS, RankProfile, Reading
 from lossguard.core.records import EVAL, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
+from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
 from lossguard.detectors.registry import register
 
 _FLAT_MIN_LOGS = 16
@@ -41,13 +44,33 @@ class TrendDetector(DetectorBase):
 class LossNotLearning(TrendDetector):
     """LOSS004: the loss does not move: the same value log after log, or (over a whole run logged from
     its start) less than 1% between the first and the last logs. A flat run with a tiny gradient norm
-    is LOSS008 (`no-grad-flow`) instead."""
+    is LOSS008 (`no-grad-flow`) instead.
+
+    Why it is flat is said from what the run measured, never against it: where the live guard saw the
+    weights move (an update ratio above 0, a weight fingerprint that changed) the weights ARE updated and
+    there is nothing the model learns from this data (random or misaligned labels, a data problem, an LR
+    too small to matter); where it saw them stand still (update ratio 0, one fingerprint throughout) they
+    are not updated; a log with neither signal gets both explanations, joined by "or"."""
 
     code = "LOSS004"
     name = "loss.flat"
     signature = "not-learning"
     severity = Severity.ERROR
     tiny_grad = False  # LOSS008 takes the flat runs whose gradient norm is tiny
+    wants = frozenset({"loss", "raw_loss", "update_ratio", "param_fingerprint"})
+    # Records that measured the weights come to `observe` too (`_Weights` keeps what they showed).
+    calm = {"update_ratio": absent, "param_fingerprint": absent}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._weights = PerRank(_Weights)
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == TRAIN:
+            ratio, fingerprint = record.signals.get("update_ratio"), record.signals.get("param_fingerprint")
+            if ratio is not None or fingerprint is not None:
+                self._weights[record.rank].note(ratio, fingerprint)
+        return super().observe(record)
 
     def judge(self, record: Record, reading: Reading) -> list[Finding]:
         value, streak, since = reading.repeat
@@ -69,10 +92,69 @@ class LossNotLearning(TrendDetector):
         return []
 
     def report(self, flat: RankProfile, rank: int | None, start: float, end: float, grad: float | None):
-        return self.emit(
-            f"the loss did not move in {flat.num} logs from the start ({start:.4g} -> {end:.4g}, under "
-            f"{_FLAT_REL:.0%}): the weights are not being updated (learning rate, frozen parameters?)",
-            flat.first_step, rank, start=start, end=end)
+        weights = self._weights_of(rank)
+        updated = None if weights is None else weights.updated()
+        head = (f"the loss did not move in {flat.num} logs from the start ({start:.4g} -> {end:.4g}, under "
+                f"{_FLAT_REL:.0%})")
+        data = {"start": start, "end": end}
+        if updated:
+            data.update(weights_updated=1, max_update_ratio=weights.largest_ratio)
+            why = (f" although the weights are being updated ({weights.evidence()}): the model finds nothing to "
+                   "learn in this data (random or misaligned labels, a data or labels problem) or the "
+                   "learning rate is too small to matter")
+        elif updated is False:
+            data.update(weights_updated=0, max_update_ratio=weights.largest_ratio)
+            why = (f" and the weights are not being updated ({weights.evidence()}): learning rate 0, frozen "
+                   "parameters, or an optimizer that holds other parameters than the model's")
+        else:
+            why = (": either the weights are not being updated (learning rate, frozen parameters?) or they are "
+                   "and there is nothing to learn (random or misaligned labels, a data problem, a learning "
+                   "rate too small); the live guard's update ratio tells which")
+        return self.emit(head + why, flat.first_step, rank, **data)
+
+    def _weights_of(self, rank: int | None) -> _Weights | None:
+        """What was measured of the rank's weights; else of the run (rank None) or of any rank."""
+        for key in (rank, None):
+            if (weights := self._weights.peek(key)) is not None:
+                return weights
+        return next((weights for _, weights in self._weights.items()), None)
+
+
+class _Weights:
+    """What a rank's update ratios and weight fingerprints showed: moving, standing still, or nothing."""
+
+    __slots__ = ("largest_ratio", "num_ratios", "first_print", "num_prints", "print_changed")
+
+    def __init__(self) -> None:
+        self.largest_ratio: float | None = None
+        self.num_ratios = 0
+        self.first_print: float | None = None
+        self.num_prints = 0
+        self.print_changed = False
+
+    def note(self, ratio: float | None, fingerprint: float | None) -> None:
+        if ratio is not None and math.isfinite(ratio):
+            self.num_ratios += 1
+            self.largest_ratio = ratio if self.largest_ratio is None else max(self.largest_ratio, ratio)
+        if fingerprint is not None and math.isfinite(fingerprint):
+            if self.num_prints and fingerprint != self.first_print:
+                self.print_changed = True
+            self.first_print = fingerprint if self.first_print is None else self.first_print
+            self.num_prints += 1
+
+    def updated(self) -> bool | None:
+        """True: measured moving; False: measured standing still; None: not measured."""
+        if (self.largest_ratio or 0.0) > 0.0 or self.print_changed:
+            return True
+        if self.num_ratios or self.num_prints > 1:
+            return False
+        return None
+
+    def evidence(self) -> str:
+        if self.largest_ratio is not None:
+            return f"largest update ratio {self.largest_ratio:.3g} in {self.num_ratios} measurement(s)"
+        changed = "changed" if self.print_changed else "did not change"
+        return f"the weight fingerprint {changed} over {self.num_prints} measurements"
 
 
 def _flat_from_start(flat: RankProfile) -> tuple[float, float, float | None] | None:
@@ -98,6 +180,8 @@ class LossFlatTinyGrad(LossNotLearning):
     severity = Severity.CRITICAL
     tiny_grad = True
     reads_profile = False  # the repeat run is LOSS004's; this code judges only the whole run, at the end
+    wants = TrendDetector.wants  # the weights' measurements are LOSS004's
+    calm: dict = {}
 
     def judge(self, record: Record, reading: Reading) -> list[Finding]:
         return []

@@ -80,8 +80,13 @@ class Monitor:
 
     # -- per micro-batch -------------------------------------------------------------------------
     def observe_micro(self, loss: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                      num_items: Any = None) -> None:
-        """One forward/backward's loss (before any filter) and labels. No host sync."""
+                      num_items: Any = None, loss_items: torch.Tensor | None = None) -> None:
+        """One forward/backward's loss (before any filter) and labels. No host sync.
+
+        `num_items`: what the model divided a summed loss by (`num_items_in_batch`); `loss_items`: this
+        micro-batch's share of it, counted as the caller counted `num_items` (default: its supervised
+        tokens). The step's loss is then `Σ loss·num_items / Σ loss_items`: the per-token mean the
+        Trainer logs."""
         if self.disabled or self._local_error:
             return
         try:
@@ -90,10 +95,11 @@ class Monitor:
                 if not isinstance(loss, torch.Tensor):  # a Python / numpy number: measured all the same
                     loss = torch.tensor(float(loss), dtype=torch.float64)
                 loss = loss.detach().reshape(()).to(torch.float64)
-                if num_items is not None and tokens is not None:
+                items = loss_items if loss_items is not None else tokens
+                if num_items is not None and items is not None:
                     # sum-reduced loss over num_items: back to a per-token sum for this micro-batch
                     loss = loss * _factor(num_items, loss.device)
-                    weight = tokens.to(torch.float64)
+                    weight = items.to(torch.float64)
                 else:
                     weight = None
             else:

@@ -42,6 +42,24 @@ def supervised_tokens(labels: torch.Tensor) -> torch.Tensor:
     return (labels[..., 1:] != IGNORE_INDEX).sum()
 
 
+def loss_items(kwargs: dict, shifted: bool = True) -> torch.Tensor | None:
+    """A micro-batch's count of the items a Trainer normalises a summed loss by (`num_items_in_batch` is
+    the sum of these over the step's micro-batches, and over the ranks), counted as transformers counts
+    them: `shift_labels != -100` when the batch has them, else `labels[..., 1:] != -100` where the
+    Trainer knows the model's loss shifts the labels (transformers >= 5, `_loss_shifts_labels`), else
+    every label that is not -100 (so for a model whose loss type it does not know, e.g. GPT-2 in
+    transformers 5.24, a sequence of n labels counts n although n - 1 are predicted). Device op."""
+    shift = kwargs.get("shift_labels")
+    if isinstance(shift, torch.Tensor):
+        return (shift != IGNORE_INDEX).sum()
+    labels = kwargs.get("labels")
+    if not isinstance(labels, torch.Tensor):
+        return None
+    if shifted and labels.dim() > 0:
+        return (labels[..., 1:] != IGNORE_INDEX).sum()
+    return (labels != IGNORE_INDEX).sum()
+
+
 def output_loss(output: Any) -> torch.Tensor | None:
     """`loss` of a model output (ModelOutput, dict, tuple with the loss first, or a bare scalar)."""
     loss = None

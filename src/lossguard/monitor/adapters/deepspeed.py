@@ -37,16 +37,14 @@ def engine_facts(engine: Any) -> dict[str, Any]:
 
 
 def engine_signals(engine: Any) -> dict[str, Any]:
-    """grad_norm, lrs, loss_scale, skipped_steps as the engine reports them (device tensors kept)."""
+    """grad_norm (before clipping), lrs, loss_scale, skipped_steps as the engine reports them (device
+    tensors kept). The LRs are those of the moment: read before `engine.step()` they are the step's."""
     out: dict[str, Any] = {"skipped_steps": getattr(engine, "skipped_steps", None)}
     try:
         out["grad_norm"] = engine.get_global_grad_norm()
     except Exception:
         out["grad_norm"] = None
-    try:
-        out["lrs"] = [float(lr) for lr in engine.get_lr()]
-    except Exception:
-        out["lrs"] = None
+    out["lrs"] = _engine_lrs(engine)
     if engine.fp16_enabled():
         optimizer = engine.optimizer
         scale = getattr(optimizer, "loss_scale", None)
@@ -54,6 +52,13 @@ def engine_signals(engine: Any) -> dict[str, Any]:
             scale = getattr(getattr(optimizer, "loss_scaler", None), "cur_scale", None)
         out["loss_scale"] = scale
     return out
+
+
+def _engine_lrs(engine: Any) -> list[float] | None:
+    try:
+        return [float(lr) for lr in engine.get_lr()]
+    except Exception:
+        return None
 
 
 class Attachment:
@@ -83,10 +88,16 @@ class Attachment:
 
     def _step(self, *args, **kwargs):
         boundary = self.engine.is_gradient_accumulation_boundary()
+        # The LRs this optimizer step uses: `engine.step()` steps the engine's LR scheduler after the
+        # optimizer, so what `get_lr()` says afterwards is the next step's.
+        lrs = _engine_lrs(self.engine) if boundary else None
         result = self._orig_step(*args, **kwargs)
         if boundary:
             step = self.engine.global_steps
-            if self.monitor.end_step(step, **engine_signals(self.engine)):
+            signals = engine_signals(self.engine)
+            if lrs is not None:
+                signals["lrs"] = lrs
+            if self.monitor.end_step(step, **signals):
                 if self.halt_checkpoint_dir is not None:
                     self.engine.save_checkpoint(self.halt_checkpoint_dir, tag=f"lossguard-halt-step{step}")
                 raise LossguardHalt(step, self.monitor.halted_at, self.halt_checkpoint_dir)
