@@ -15,7 +15,8 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "lr-zero": ("broken", "learning rate 0 or frozen after warmup should have moved it"),
     "divergence": ("broken", "loss blows up and does not come back"),
     "zero-loss": ("broken", "loss exactly 0 and nothing else tells which kind"),
-    "not-learning": ("broken", "loss flat or repeating: weights are not being updated"),
+    "not-learning": ("broken", "loss flat, repeating or at chance level: the model is not learning (weights not "
+                               "updated, nothing to learn, or a learning rate too small to matter)"),
     "loss-spike": ("warning", "isolated spikes that recover"),
     "memorization": ("healthy", "loss legitimately tiny (fast decay, finite varying grads)"),
 }
