@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from lossguard.monitor import tensors
 from lossguard.monitor.adapters.deepspeed import engine_facts, engine_signals
 from lossguard.monitor.core import Monitor
+from lossguard.monitor.guard import exit_after_halt
 from lossguard.monitor.options import GuardOptions
 
 
@@ -62,6 +63,7 @@ class LossguardCallback(TrainerCallback):
             self._hook = None
         if self.monitor is not None:
             self.monitor.close()
+        exit_after_halt(self.monitor)  # the halt's checkpoint is saved and the loop has returned
 
     # -- hooks -----------------------------------------------------------------------------------
     def _forward(self, module, args, kwargs, output):
