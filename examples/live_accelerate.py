@@ -1,7 +1,7 @@
 """The live guard in a hand-written 🤗 Accelerate loop: `lossguard.Guard`.
 
     python examples/live_accelerate.py                         # one process, CPU
-    accelerate launch --cpu --num_processes 2 examples/live_accelerate.py
+    torchrun --nproc_per_node 2 examples/live_accelerate.py       # two ranks over gloo (as `accelerate launch` starts them)
     python examples/live_accelerate.py --nan-at 5              # a NaN loss at step 5: halted, saved, exit status 3
 
 A tiny GPT-2 built from a config (no download) learns to count on CPU.

@@ -63,9 +63,9 @@ def main() -> None:
         if not dist.is_initialized() or dist.get_rank() == 0:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": halt.step},
                        f"{args.out}/halt-step{halt.step}.pt")
+    guard.close()  # after a halt: every rank waits for the others (the save above), then SystemExit(3)
     if dist.is_initialized():
         dist.destroy_process_group()
-    guard.close()  # after a halt: SystemExit(3), on every rank
 
 if __name__ == "__main__":
     main()

@@ -90,3 +90,22 @@ def test_two_rank_trainer_deepspeed_halt_exits_3_on_every_rank_and_torchrun_fail
     for rank in (0, 1):
         end = json.loads((tmp_path / "events" / f"events-rank{rank}.jsonl").read_text().splitlines()[-1])
         assert end["type"] == "end" and end["halted_at"] == 4
+
+
+def test_another_error_leaving_the_with_block_keeps_its_own_status(tmp_path):
+    """After a halt, an error raised while saving (say) is what the script reports, not the halt's status."""
+    torch = pytest.importorskip("torch")
+    import lossguard
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(OSError, match="disk full"), \
+            lossguard.Guard(model, optimizer, halt_on="error", console=False, exit_code_on_halt=3) as guard:
+        try:
+            guard.step(loss=torch.tensor(float("nan")))
+        except lossguard.LossguardHalt:
+            raise OSError("disk full") from None
+    assert guard.monitor.halted_at == 1
+    with pytest.raises(SystemExit) as exited:  # closing it the ordinary way still exits
+        guard.close()
+    assert exited.value.code == 3

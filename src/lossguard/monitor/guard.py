@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import tensors
+from lossguard.monitor import dist, tensors
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.options import GuardOptions
 from lossguard.monitor.sinks import say
@@ -98,8 +98,11 @@ class Guard:
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is None or isinstance(exc, LossguardHalt):
+            self.close()
+        else:  # another error is on its way out: finish the events file, let the error decide the status
+            self.monitor.close()
 
 
 def exit_after_halt(monitor: Monitor | None) -> None:
@@ -107,15 +110,20 @@ def exit_after_halt(monitor: Monitor | None) -> None:
 
     Every entry point calls it where its training has returned, after the halt's checkpoint: the end of
     `Trainer.train` (HF `on_train_end`), of `Trainer.fit` (Lightning `teardown`), `Guard.close()`,
-    `detach()`. The halt was decided on every rank at the same step, so every rank gets here and raises,
-    and no collective follows on any of them: no rank is left waiting. An exception, not `os._exit`:
-    `finally` blocks, atexit handlers (loggers, wandb) and the interpreter's own teardown run as after any
-    `sys.exit`; only the script's code after the training call is skipped, which is the point (a halted
-    run's final weights must not be saved or pushed as a result). An atexit hook cannot set the status
-    without `os._exit`, which would cut the other handlers short."""
+    `detach()`. The halt was decided on every rank at the same step, so every rank gets here. One barrier
+    first: a launcher stops the other ranks as soon as one exits non-zero, and a rank still writing its part
+    of the checkpoint must not be stopped mid-write. An exception, not `os._exit`: `finally` blocks, atexit
+    handlers (loggers, wandb) and the interpreter's own teardown run as after any `sys.exit`; only the
+    script's code after the training call is skipped, which is the point (a halted run's final weights must
+    not be saved or pushed as a result). An atexit hook cannot set the status without `os._exit`, which
+    would cut the other handlers short."""
     if monitor is None or monitor.halted_at is None or monitor.options.exit_code_on_halt is None:
         return
     code = monitor.options.exit_code_on_halt
+    try:
+        dist.barrier()
+    except Exception as exc:  # a rank already gone: exit all the same
+        say(f"lossguard: rank {monitor.rank}: the barrier before exiting failed ({type(exc).__name__}: {exc})")
     if monitor.rank == 0:
         say(f"lossguard: exiting with status {code} (exit_code_on_halt): the run halted at step {monitor.halted_at}")
     raise SystemExit(code)
