@@ -30,4 +30,4 @@ test-all: setup
 	$(PY) -m pytest -q -m ''
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples

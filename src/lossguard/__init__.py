@@ -1,7 +1,8 @@
 """lossguard: keep DeepSpeed / Hugging Face fine-tuning runs from dying silently.
 
 The pure part (records, detectors, diagnosis, log sources, lint) imports no torch. The live guard
-(`LossguardCallback`, `attach`, `Guard`) is imported lazily so `import lossguard` stays cheap.
+(`LossguardCallback`, `LossguardLightningCallback`, `attach`, `Guard`) is imported lazily so
+`import lossguard` stays cheap.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LossguardCallback": "lossguard.monitor.adapters.hf",
+    "LossguardLightningCallback": "lossguard.monitor.adapters.lightning",
     "attach": "lossguard.monitor.adapters.deepspeed",
     "Guard": "lossguard.monitor.guard",
     "LossguardHalt": "lossguard.monitor.guard",

@@ -75,3 +75,10 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * world_size()
     torch_dist.all_gather_object(out, obj)
     return out
+
+
+def barrier() -> None:
+    """Every rank waits until all are here. SYNC POINT: once, before the exit after a halt (`exit_code_on_halt`),
+    so that no rank exits (and has the launcher stop the others) while another still writes its checkpoint."""
+    if is_distributed():
+        torch_dist.barrier()

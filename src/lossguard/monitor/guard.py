@@ -10,6 +10,9 @@
 
 With gradient accumulation call `guard.observe(loss=..., batch=...)` for each micro-batch and
 `guard.step()` once per optimizer step.
+
+`exit_code_on_halt=N`: after a halt, closing the guard (`close()`, or leaving its `with` block) raises
+`SystemExit(N)` on every rank, so the script ends with status N (`exit_after_halt`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import tensors
+from lossguard.monitor import dist, tensors
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.options import GuardOptions
+from lossguard.monitor.sinks import say
 
 
 class LossguardHalt(RuntimeError):
@@ -35,10 +39,21 @@ class LossguardHalt(RuntimeError):
 
 class Guard:
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, **options: Any) -> None:
-        self.options = GuardOptions(**options)
+        self._start(model, optimizer, GuardOptions(**options), _torch_facts(), "guard")
+
+    @classmethod
+    def for_entry(cls, model: torch.nn.Module, optimizer: Any, options: GuardOptions, *,
+                  facts: dict[str, Any], entry: str) -> Guard:
+        """The guard another entry point drives (the Lightning callback): its validated options, its facts."""
+        guard = cls.__new__(cls)
+        guard._start(model, optimizer, options, {**_torch_facts(), **facts}, entry)
+        return guard
+
+    def _start(self, model: Any, optimizer: Any, options: GuardOptions, facts: dict[str, Any], entry: str) -> None:
+        self.options = options
         self.model = model
         self.optimizer = optimizer
-        self.monitor = Monitor(self.options, model, optimizer=optimizer, facts=_torch_facts(), entry="guard")
+        self.monitor = Monitor(options, model, optimizer=optimizer, facts=facts, entry=entry)
         self.num_steps = 0
 
     def observe(self, *, loss: torch.Tensor | None = None, batch: Any = None, labels: Any = None) -> None:
@@ -49,11 +64,12 @@ class Guard:
 
     def step(self, *, loss: torch.Tensor | None = None, batch: Any = None, labels: Any = None,
              model: Any = None, optimizer: Any = None, grad_norm: Any = None, step: int | None = None,
-             skipped: bool = False) -> None:
+             skipped: bool = False, lrs: list[float] | None = None) -> None:
         """End of one optimizer step (after `optimizer.step()`); raises `LossguardHalt` on a halt.
 
         `grad_norm`: pass what `clip_grad_norm_` returned; otherwise the norm of the gradients still
-        present is computed. `skipped`: the step was not applied (e.g. GradScaler found inf).
+        present is computed. `skipped`: the step was not applied (e.g. GradScaler found inf). `lrs`: the
+        learning rates of the optimizer's groups to record; otherwise those the optimizer holds now.
         """
         if loss is not None or batch is not None or labels is not None:
             self.observe(loss=loss, batch=batch, labels=labels)
@@ -66,7 +82,8 @@ class Guard:
                 grad_norm = tensors.grad_norm(p for p in model.parameters() if p.requires_grad)
             except Exception:
                 grad_norm = None
-        lrs = [float(g["lr"]) for g in optimizer.param_groups] if optimizer is not None else None
+        if lrs is None and optimizer is not None:
+            lrs = [float(g["lr"]) for g in optimizer.param_groups]
         scaler_scale = None
         step_no = self.num_steps if step is None else step
         if self.monitor.end_step(step_no, grad_norm=grad_norm, lrs=lrs, loss_scale=scaler_scale,
@@ -74,13 +91,42 @@ class Guard:
             raise LossguardHalt(step_no)
 
     def close(self) -> None:
+        """Finish the run's analysis and the events file; after a halt with `exit_code_on_halt`, exit."""
         self.monitor.close()
+        exit_after_halt(self.monitor)
 
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is None or isinstance(exc, LossguardHalt):
+            self.close()
+        else:  # another error is on its way out: finish the events file, let the error decide the status
+            self.monitor.close()
+
+
+def exit_after_halt(monitor: Monitor | None) -> None:
+    """`SystemExit(options.exit_code_on_halt)` when the run halted and that option is set; else nothing.
+
+    Every entry point calls it where its training has returned, after the halt's checkpoint: the end of
+    `Trainer.train` (HF `on_train_end`), of `Trainer.fit` (Lightning `teardown`), `Guard.close()`,
+    `detach()`. The halt was decided on every rank at the same step, so every rank gets here. One barrier
+    first: a launcher stops the other ranks as soon as one exits non-zero, and a rank still writing its part
+    of the checkpoint must not be stopped mid-write. An exception, not `os._exit`: `finally` blocks, atexit
+    handlers (loggers, wandb) and the interpreter's own teardown run as after any `sys.exit`; only the
+    script's code after the training call is skipped, which is the point (a halted run's final weights must
+    not be saved or pushed as a result). An atexit hook cannot set the status without `os._exit`, which
+    would cut the other handlers short."""
+    if monitor is None or monitor.halted_at is None or monitor.options.exit_code_on_halt is None:
+        return
+    code = monitor.options.exit_code_on_halt
+    try:
+        dist.barrier()
+    except Exception as exc:  # a rank already gone: exit all the same
+        say(f"lossguard: rank {monitor.rank}: the barrier before exiting failed ({type(exc).__name__}: {exc})")
+    if monitor.rank == 0:
+        say(f"lossguard: exiting with status {code} (exit_code_on_halt): the run halted at step {monitor.halted_at}")
+    raise SystemExit(code)
 
 
 def _torch_facts() -> dict[str, Any]:

@@ -39,6 +39,9 @@ class GuardOptions:
     # Up to this many ranks, every step gathers every rank's row (all records, every step). Above it, a
     # step reduces a summary and gathers only when the summary shows something (monitor/summary.py).
     detail_every_step_up_to: int = 16
+    # After a halt, the process ends with this exit status once training has returned on every rank (the
+    # entry point raises SystemExit; monitor/guard.py `exit_after_halt`). None: exit as the script does.
+    exit_code_on_halt: int | None = None
     detectors: list[Any] | None = field(default=None, compare=False)  # None: every registered detector
 
     def __post_init__(self) -> None:
@@ -57,6 +60,10 @@ class GuardOptions:
             halt_rules(self.halt_on)
         except OptionError as exc:
             problems.append(str(exc))
+        code = self.exit_code_on_halt
+        if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not 1 <= code <= 255):
+            problems.append(f"exit_code_on_halt must be None or an int from 1 to 255 (3: what `lossguard watch` "
+                            f"exits with after a halt), got {code!r}")
         if self.webhook_url is not None and not str(self.webhook_url).startswith(("http://", "https://")):
             problems.append(f"webhook_url must be an http(s) URL, got {self.webhook_url!r}")
         if problems:

@@ -3,7 +3,7 @@
 Wraps the engine instance's `forward`, `backward` and `step` (the class is untouched): the forward
 hook reads the labels, `backward` the raw loss, and `step` at an accumulation boundary ends the
 optimizer step. On a halt every rank saves a checkpoint (when `halt_checkpoint_dir` is set) and
-`step()` raises `LossguardHalt`.
+`step()` raises `LossguardHalt`; with `exit_code_on_halt`, `detach()` then exits with that status.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from lossguard.monitor import tensors
 from lossguard.monitor.core import Monitor
-from lossguard.monitor.guard import LossguardHalt
+from lossguard.monitor.guard import LossguardHalt, exit_after_halt
 from lossguard.monitor.options import GuardOptions
 
 
@@ -104,9 +104,11 @@ class Attachment:
         return result
 
     def detach(self) -> None:
+        """Unwrap the engine and finish the events file; after a halt with `exit_code_on_halt`, exit."""
         self._hook.remove()
         self.engine.backward, self.engine.step = self._orig_backward, self._orig_step
         self.monitor.close()
+        exit_after_halt(self.monitor)
 
 
 def attach(engine: Any, *, halt_checkpoint_dir: str | None = None, **options: Any) -> Attachment:

@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from lossguard.monitor import tensors
 from lossguard.monitor.adapters.deepspeed import engine_facts, engine_signals
 from lossguard.monitor.core import Monitor
+from lossguard.monitor.guard import exit_after_halt
 from lossguard.monitor.options import GuardOptions
 
 
@@ -94,6 +95,7 @@ class LossguardCallback(TrainerCallback):
         self._accelerator = None
         if self.monitor is not None:
             self.monitor.close()
+        exit_after_halt(self.monitor)  # the halt's checkpoint is saved and the loop has returned
 
     # -- hooks -----------------------------------------------------------------------------------
     def _forward(self, module, args, kwargs, output):
