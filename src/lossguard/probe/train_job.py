@@ -90,7 +90,7 @@ def _training_arguments(scenario: Scenario, out: str, steps: int, ds: dict):
 
     # "auto" precision is the Trainer's to fill (from these flags): here it is the built-in job's own choice.
     chosen, _ = auto_values.fill({k: ds.get(k, {}) for k in ("bf16", "fp16")}, auto_values.JobSettings())
-    precision = {k: chosen[k].get("enabled") is True for k in ("bf16", "fp16")}
+    precision = {k: bool(chosen[k].get("enabled")) for k in ("bf16", "fp16")}
     kwargs = dict(
         output_dir=out,
         per_device_train_batch_size=MICRO_BATCH,
