@@ -29,25 +29,30 @@ from lossguard.cli.options import warn_stale_build_locks
 @click.option("--parallel", is_flag=True, help="Run the arms at the same time (when the machine has room).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds per arm before its process group is killed.")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Runs of every dying arm and of the fix candidate (default 2): a fate that differs between "
+                   "runs is reported as unstable, never as proof.")
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Loss agreement tolerance (absolute).")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Loss agreement tolerance (relative).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Write per-arm logs and events, report.json, report.html and recommended_config.json here.")
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 def probe(config: str, arms: str, cmd: str | None, steps: int | None, nproc: int, workload: str, parallel: bool,
-          timeout_s: float, atol: float | None, rtol: float | None, report_dir: str | None, fmt: str) -> None:
+          timeout_s: float, repeats: int | None, atol: float | None, rtol: float | None, report_dir: str | None,
+          fmt: str) -> None:
     """Run the same job under several config arms and show which one survives.
 
     \b
-    Exit status: 0 a surviving fix was found or every arm is healthy, 1 every arm dies,
-    2 bad input (missing config, bad arms file, --cmd without {config}).
+    Exit status: 0 a fix was proven or the baseline survives, 1 the baseline dies and no fix is
+    proven, 2 bad input (missing config, bad arms file, --cmd without {config}, an "auto" value
+    probe cannot fill) or every arm crashed before its first step (the crash's error line is shown).
 
     \b
     Examples:
       lossguard probe ds_zero2.json
       lossguard probe ds.json --cmd "torchrun --nproc_per_node 2 train.py --deepspeed_config {config}" --report out/
     """
-    from lossguard.probe.api import ProbeInputError
+    from lossguard.probe.api import REPEATS, ProbeInputError
     from lossguard.probe.api import probe as run_probe
     from lossguard.probe.compare import ATOL, RTOL
     from lossguard.probe.job import stop_jobs_on_signals
@@ -57,6 +62,7 @@ def probe(config: str, arms: str, cmd: str | None, steps: int | None, nproc: int
         with stop_jobs_on_signals():  # a killed `lossguard probe` stops its arms' ranks too
             result = run_probe(config, arms=arms, cmd=cmd, steps=steps, nproc=nproc, workload=workload,
                                report_dir=report_dir, parallel=parallel, timeout_s=timeout_s,
+                               repeats=REPEATS if repeats is None else repeats,
                                atol=ATOL if atol is None else atol, rtol=RTOL if rtol is None else rtol)
     except ProbeInputError as exc:
         raise UserError(f"probe: {exc}") from None

@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from lossguard.probe.arms import Arm, ArmsError, auto_arms, load_arms_file
-from lossguard.probe.compare import ATOL, RTOL, ArmOutcome, Comparison, compare, judge
+from lossguard.probe.compare import ATOL, RTOL, ArmOutcome, Comparison, candidates, compare, judge, settle
+from lossguard.probe.evidence import crash_line, diagnose_arm
 from lossguard.probe.runner import DEFAULT_WORKLOAD, JobSpec, progress_printer, run_arm
 
 RECOMMENDED_NAME = "recommended_config.json"
+# Runs of each dying arm and of the fix candidate (same seed): a death or a survival that does not repeat
+# is reported as such, never taken as proof. 2 keeps a healthy probe at one run per arm and a dying one at
+# (dying arms + 1) extra runs; bench/probe_speed.py's figures are in docs/probe.md.
+REPEATS = 2
 
 
 class ProbeInputError(ValueError):
@@ -86,6 +91,15 @@ def load_inputs(config_path: str | Path, arms: str = "auto", cmd: str | None = N
             arm_list = load_arms_file(arms)
         except ArmsError as exc:
             problems.append(str(exc))
+    if cmd is None:
+        from lossguard.probe.auto_values import needed
+
+        unfilled = needed(config)
+        if unfilled:
+            problems.append(f"{config_path}: {', '.join(unfilled)} {'is' if len(unfilled) == 1 else 'are'} \"auto\", "
+                            "which the HF Trainer does not fill and DeepSpeed cannot read: give "
+                            f"{'it a value' if len(unfilled) == 1 else 'them values'} (or probe your own "
+                            "job with --cmd, whose Trainer fills it)")
     stack_problem = _job_stack_problem(cmd)
     if stack_problem is not None:
         problems.append(stack_problem)
@@ -121,7 +135,7 @@ def _job_stack_problem(cmd: str | None) -> str | None:
 def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None, steps: int | None = None,
           nproc: int = 2, workload: str = DEFAULT_WORKLOAD, report_dir: str | Path | None = None,
           parallel: bool = False, timeout_s: float = 600.0, atol: float = ATOL, rtol: float = RTOL,
-          show_progress: bool = True) -> ProbeResult:
+          show_progress: bool = True, repeats: int = REPEATS) -> ProbeResult:
     config_path = Path(config_path)
     config, arm_list = load_inputs(config_path, arms, cmd, workload)
     if steps is None and cmd is None:
@@ -133,17 +147,22 @@ def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None
     arms_dir = work_dir / "arms"
     arms_dir.mkdir(parents=True, exist_ok=True)
 
-    def one(index: int, arm: Arm) -> ArmOutcome:
-        arm_dir = arms_dir / f"{index:02d}-{_slug(arm.name)}"
-        show = progress_printer(index, len(arm_list), arm.name, steps) if show_progress else None
+    def one(index: int, arm: Arm, attempt: int = 1) -> ArmOutcome:
+        arm_dir = arms_dir / (f"{index:02d}-{_slug(arm.name)}" + (f".run{attempt}" if attempt > 1 else ""))
+        label = arm.name + (f" (run {attempt})" if attempt > 1 else "")
+        show = progress_printer(index, len(arm_list), label, steps) if show_progress else None
         run = run_arm(arm, arm.config(config), arm_dir, spec, progress=show)
-        return judge(arm, run, _diagnose(run), expected_steps)
+        crash = crash_line([run.stdout_path]) if run.returncode != 0 and not run.timed_out else None
+        return judge(arm, run, diagnose_arm(run.stdout_path, run.events_dir), expected_steps, crash)
 
-    if parallel:
-        with ThreadPoolExecutor(max_workers=len(arm_list)) as pool:
-            outcomes = list(pool.map(lambda pair: one(*pair), enumerate(arm_list, 1)))
-    else:
-        outcomes = [one(i, arm) for i, arm in enumerate(arm_list, 1)]
+    def each(jobs: list[tuple[int, Arm, int]]) -> list[ArmOutcome]:
+        if parallel and len(jobs) > 1:
+            with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+                return list(pool.map(lambda job: one(*job), jobs))
+        return [one(*job) for job in jobs]
+
+    outcomes = each([(i, arm, 1) for i, arm in enumerate(arm_list, 1)])
+    _repeat(outcomes, each, repeats)
     comparison = compare(outcomes, atol=atol, rtol=rtol)
     recommended_path = None
     if comparison.recommended is not None:
@@ -159,18 +178,27 @@ def probe(config_path: str | Path, *, arms: str = "auto", cmd: str | None = None
     return result
 
 
-def _diagnose(run: Any) -> Any:
-    """`analyze` over the arm's stdout and the guard's events; None when nothing could be read."""
-    from lossguard.api import analyze
-    from lossguard.sources.base import SourceError
+def _repeat(outcomes: list[ArmOutcome], each: Any, repeats: int) -> None:
+    """Run again every arm that died (one that crashed before any step is a job that cannot start: it is
+    not rerun), then, while the baseline still dies every time, the fix candidates in arm order until one
+    survives every run. `each([(index, arm, attempt)])` runs them."""
+    if repeats < 2:
+        return
+    index = {id(o): i for i, o in enumerate(outcomes, 1)}
 
-    paths = [run.stdout_path]
-    if run.events_dir.is_dir() and any(run.events_dir.glob("events-rank*.jsonl")):
-        paths.append(run.events_dir)
-    try:
-        return analyze(paths)
-    except SourceError:
-        return None
+    def again(chosen: list[ArmOutcome]) -> None:
+        jobs = [(index[id(o)], o.arm, n) for o in chosen for n in range(2, repeats + 1)]
+        later = each(jobs)
+        for k, outcome in enumerate(chosen):
+            settle(outcome, later[k * (repeats - 1):(k + 1) * (repeats - 1)])
+
+    again([o for o in outcomes if o.dies and o.started])
+    if outcomes[0].verdict != "dies":
+        return
+    for candidate in candidates(outcomes):
+        again([candidate])
+        if candidate.verdict == "survives":
+            return
 
 
 def _slug(name: str) -> str:

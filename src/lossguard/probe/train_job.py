@@ -17,11 +17,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch  # noqa: E402
 
+from lossguard.probe import auto_values, faults  # noqa: E402
 from lossguard.probe import data as data_mod  # noqa: E402
-from lossguard.probe import faults  # noqa: E402
+from lossguard.probe.auto_values import GRAD_ACCUM, GRAD_CLIP, LEARNING_RATE, MICRO_BATCH  # noqa: E402
 from lossguard.probe.scenarios import Scenario, get  # noqa: E402
-
-MICRO_BATCH = 4
 
 
 def _rank() -> int:
@@ -89,13 +88,15 @@ def build_data(scenario: Scenario, split: str = "train") -> list[dict]:
 def _training_arguments(scenario: Scenario, out: str, steps: int, ds: dict):
     from transformers import TrainingArguments
 
-    precision = {"bf16": bool(ds.get("bf16", {}).get("enabled")), "fp16": bool(ds.get("fp16", {}).get("enabled"))}
+    # "auto" precision is the Trainer's to fill (from these flags): here it is the built-in job's own choice.
+    chosen, _ = auto_values.fill({k: ds.get(k, {}) for k in ("bf16", "fp16")}, auto_values.JobSettings())
+    precision = {k: bool(chosen[k].get("enabled")) for k in ("bf16", "fp16")}
     kwargs = dict(
         output_dir=out,
         per_device_train_batch_size=MICRO_BATCH,
         per_device_eval_batch_size=MICRO_BATCH,
         max_steps=steps,
-        learning_rate=1e-3,
+        learning_rate=LEARNING_RATE,
         warmup_steps=2,
         lr_scheduler_type="linear",
         logging_steps=1,  # every step is logged: the fixtures keep the full curve
@@ -159,11 +160,12 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | No
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = _rank(), int(os.environ.get("WORLD_SIZE", "1"))
-    ds = json.loads(json.dumps(ds).replace('"auto"', "null"))
-    ds.update(train_micro_batch_size_per_gpu=MICRO_BATCH, gradient_accumulation_steps=1, gradient_clipping=1.0)
-    ds.pop("train_batch_size", None)
-    ds.setdefault("optimizer", {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}})
     model = build_model(scenario)
+    ds = _filled(ds, world, steps, model)
+    ds.update(train_micro_batch_size_per_gpu=MICRO_BATCH, gradient_accumulation_steps=GRAD_ACCUM,
+              gradient_clipping=GRAD_CLIP)
+    ds.pop("train_batch_size", None)
+    ds.setdefault("optimizer", {"type": "AdamW", "params": {"lr": LEARNING_RATE, "torch_adam": True}})
     counter = faults.StepCounter()
     faults.install(model, scenario.fault, counter, rank)
     engine, _, _, _ = deepspeed.initialize(model=model, config=ds,
@@ -215,6 +217,16 @@ def run_raw(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | No
         writer.close()
         with open(os.path.join(out, "raw_log.json"), "w") as f:
             json.dump(history, f, indent=1)
+
+
+def _filled(ds: dict, world: int, steps: int, model: torch.nn.Module) -> dict:
+    """The config with its "auto" values filled as the HF Trainer fills them, for this job and model."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    settings = auto_values.JobSettings(world_size=world, steps=steps, **({"hidden_size": hidden} if hidden else {}))
+    ds, filled = auto_values.fill(ds, settings)
+    if filled and _rank() == 0:
+        _say(f"probe: filled \"auto\" as the HF Trainer does: {auto_values.describe_filled(filled)}")
+    return ds
 
 
 def _say(line: str) -> None:
