@@ -39,3 +39,15 @@ class Record:
 
 def event(name: str, step: int | None = None, rank: int | None = None, **data: Any) -> Record:
     return Record(step=step, rank=rank, kind=EVENT, event=name, data=data)
+
+
+# The live guard's events file of one rank (monitor/sinks.py writes it, sources/lossguard_events.py reads it,
+# naming each record by its file).
+EVENTS_FILE = "events-rank{rank}.jsonl"
+
+
+def from_the_guard(record: Record) -> bool:
+    """The record was measured by the live guard (live, or read back from its events files), not read from
+    a line the job printed: its `param_fingerprint` is the guard's, never a script's `param_sum`."""
+    source = record.source or ""
+    return source == "live" or (source.startswith("events-rank") and source.endswith(".jsonl"))

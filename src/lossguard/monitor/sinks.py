@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.records import Record
+from lossguard.core.records import EVENTS_FILE, Record
 
 FORMAT = "lossguard-events"
 FORMAT_VERSION = 1
@@ -68,7 +68,7 @@ class JsonlSink:
     collective."""
 
     def __init__(self, directory: str | Path, rank: int, header: dict[str, Any]) -> None:
-        self.path = Path(directory) / f"events-rank{rank}.jsonl"
+        self.path = Path(directory) / EVENTS_FILE.format(rank=rank)
         self.failed: str | None = None
         self._fd = -1
         try:

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from lossguard.core.records import from_the_guard
+
 FINGERPRINT = "param_fingerprint"
 
 # `SomethingError: message` (or `...Exception`), optionally behind torchrun's `[rankN]:` prefix.
@@ -66,8 +68,9 @@ def _guard_fingerprints_only(stream: Iterable[Any]) -> Iterator[Any]:
 
 
 def is_guard_record(record: Any) -> bool:
-    """Read from the guard's `events-rankN.jsonl` (the events source names a record by its file)."""
-    return Path(str(getattr(record, "source", "") or "")).name.startswith("events-rank")
+    """Measured by the guard (read from its `events-rankN.jsonl`; the events source names a record by its
+    file), not printed by the job."""
+    return from_the_guard(record)
 
 
 def crash_line(paths: Iterable[Path]) -> str | None:
