@@ -40,15 +40,17 @@ def sentences(n: int = 64) -> Dataset:
 
 
 def poison_loss_at(model: torch.nn.Module, step: int) -> None:
-    """Demo only: the loss of the `step`-th training forward becomes NaN."""
+    """Demo only: the `step`-th training forward's embeddings become NaN, and so its loss. (Poisoning the model's
+    `output.loss` would not do: SFTTrainer computes the loss it trains on from the model's log-probs itself.)"""
     calls = [0]
 
     def hook(module, args, output):
         calls[0] += module.training
         if module.training and calls[0] == step:
-            output.loss = output.loss * float("nan")
+            return output * float("nan")
+        return None
 
-    model.register_forward_hook(hook)
+    model.get_input_embeddings().register_forward_hook(hook)
 
 
 def main() -> None:
