@@ -120,3 +120,26 @@ def test_the_largest_update_ratio_is_reported():
     finding = next(f for f in findings(flat_run(RATIOS_MOVING), batched=True) if f.code == "LOSS004")
     assert finding.data["max_update_ratio"] == pytest.approx(0.049)
     assert "largest update ratio 0.049" in finding.message
+
+
+def test_a_loss_that_jumps_to_three_times_its_start_and_stays_there_two_logs_is_divergence():
+    """The fast divergence rule: an LR explosion is caught at its second log, not its fifth; a one-log
+    spike that comes back down is not divergence."""
+    from lossguard.core.engine import Engine
+    from lossguard.core.records import Record
+    from lossguard.detectors import make_detectors
+    from lossguard.diagnose.diagnosis import diagnose
+
+    def run(losses):
+        engine = Engine(make_detectors())
+        engine.feed_all([Record(step=i, signals={"loss": v, "grad_norm": 1.0, "lr": 1e-3})
+                         for i, v in enumerate(losses, 1)])
+        return diagnose(engine.finish())
+
+    start = [4.4, 4.3, 4.2, 4.1, 4.0, 3.9, 3.8, 3.7]
+    exploded = run(start + [15.1, 18.0, 17.3, 18.9, 19.0, 19.2])
+    assert (exploded.signature, exploded.onset_step) == ("divergence", 9)
+    assert any(f.code == "LOSS005" and f.step == 9 and "stayed above three times" in f.message
+               for f in exploded.findings)
+    spike = run(start + [15.1, 3.6, 3.5, 3.4, 3.3, 3.2, 3.1])
+    assert spike.verdict != "broken", [f.message for f in spike.findings]

@@ -196,23 +196,38 @@ class LossFlatTinyGrad(LossNotLearning):
 @register
 class LossDivergence(TrendDetector):
     """LOSS005: the loss climbs far above where it started (over twice the lowest of the first logs and
-    the minimum so far, and 2 above it) and stays there."""
+    the minimum so far, and 2 above it) and stays there for five logs; or it jumps to over three times that
+    and 3 above it and stays there for two logs in a row. A spike from one bad batch is one log: the next
+    batch, through weights that are still good, comes back down. A loss that stays at three times the run's
+    start for a second log is weights that an update threw out of their basin (a learning rate too high, an
+    overflowed step), and a run that trains on from there wastes every later step."""
 
     code = "LOSS005"
     name = "loss.divergence"
     signature = "divergence"
     severity = Severity.CRITICAL
     _STREAK = 5
+    _JUMP_STREAK, _JUMP_FACTOR, _JUMP_ABOVE = 2, 3.0, 3.0
 
     def __init__(self) -> None:
         super().__init__()
         self._high: dict = {}  # rank -> Streak of high logs (in a row: consecutive profile seqs)
+        self._jumped: dict = {}  # rank -> Streak of logs far above the start (the fast rule)
 
     def judge(self, record: Record, reading: Reading) -> list[Finding]:
         if not reading.high:
             return []
         high = self._high.setdefault(record.rank, Streak())
-        if high.update(True, record.step, reading.seq) < self._STREAK:
+        count = high.update(True, record.step, reading.seq)
+        jumped = self._jumped.setdefault(record.rank, Streak())
+        far = reading.loss > self._JUMP_FACTOR * reading.reference and \
+            reading.loss > reading.reference + self._JUMP_ABOVE
+        if jumped.update(far, record.step, reading.seq) >= self._JUMP_STREAK:
+            return self.emit(f"loss jumped from about {reading.reference:.3g} to {reading.loss:.3g} at step "
+                             f"{jumped.since} and stayed above three times its start for {jumped.count} logs: an "
+                             "update threw the weights out of their basin", jumped.since, record.rank,
+                             baseline=reading.reference, value=reading.loss)
+        if count < self._STREAK:
             return []
         return self.emit(f"loss rose from about {reading.reference:.3g} to {reading.loss:.3g} and stayed above "
                          f"twice its start for {high.count} logs from step {high.since}", high.since,
