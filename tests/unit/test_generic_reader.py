@@ -182,3 +182,17 @@ def test_of_a_bars_redraws_at_one_count_the_last_holds_that_batchs_values():
             b"\rEpoch 0:  28%|#  | 11/40 [00:00<00:01, 17.97it/s, train_loss=nan.0]")
     assert [(s.counter[0], s.signals["loss"]) for s in read_line(line)][:1] == [(10, 3.99)]
     assert len(read_line(line)) == 2
+
+
+def test_a_last_epoch_cut_short_by_a_step_limit_keeps_its_steps():
+    """Lightning with max_steps 20 and 16 batches an epoch: epoch 1's bar counts to 4, and its batch 2 is
+    step 18, not 1 * 4 + 2."""
+    from lossguard.sources.text_log import parse_lines
+
+    lines = [b"Epoch 0: 100%%|###| %d/16 [00:01<00:00, 10it/s, train_loss=%.3f]" % (i, 4 - i / 10)
+             for i in range(1, 17)]
+    lines += [b"Epoch 1: 50%%|###| %d/4 [00:01<00:00, 10it/s, train_loss=%s]" % (i, b"nan.0" if i == 2 else b"2.0")
+              for i in range(1, 5)]
+    steps = [(r.step, r.signals["loss"]) for r in parse_lines(lines) if r.kind == "train"]
+    assert [s for s, _ in steps][-4:] == [17, 18, 19, 20]
+    assert next(s for s, v in steps if v != v) == 18

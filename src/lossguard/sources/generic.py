@@ -113,15 +113,18 @@ class Segment:
     named_counter: bool = False
     names: set[bytes] = field(default_factory=set)
 
-    def resolved_step(self, first_epoch: int = 0) -> int | None:
+    def resolved_step(self, first_epoch: int = 0, epoch_length: int | None = None) -> int | None:
         """The step the segment names, or its counter within its epoch placed after the epochs before it
-        (`first_epoch`: the number the log gives its first epoch, 1 for ColossalAI's `Epoch [1/3]`)."""
+        (`first_epoch`: the number the log gives its first epoch, 1 for ColossalAI's `Epoch [1/3]`;
+        `epoch_length`: the counter's total in a full epoch, where the log showed one: the last epoch of a
+        run cut short by a step limit draws a smaller total, `4/4` after sixteen `n/16`)."""
         if self.step is not None:
             return self.step
         if self.counter is None:
             return None
         index, total = self.counter
-        return index if self.epoch is None else max(self.epoch - first_epoch, 0) * total + index
+        return index if self.epoch is None else \
+            max(self.epoch - first_epoch, 0) * max(total, epoch_length or 0) + index
 
 
 def read_line(line: bytes) -> list[Segment]:

@@ -72,6 +72,7 @@ class TextLogParser:
         self._bar_step: int | None = None
         self._last_overflow: tuple | None = None
         self._epochs_from_zero = False  # an epoch written `0/N` was seen: `e/N` epochs count from 0
+        self._epoch_length = 0  # the largest per-epoch counter total seen: a full epoch's batches
         # A line announcing an evaluation (`***** Evaluating perplexity *****`) and the last step then: the
         # next metric line naming no step, at that same step, is the evaluation's result.
         self._eval_header: tuple[int | None] | None = None
@@ -439,7 +440,9 @@ class TextLogParser:
             return out
         self._summary_ends(segments, line_no)
         for segment in segments:
-            signals, step = segment.signals, segment.resolved_step(self._first_epoch(segment))
+            if segment.counter is not None and segment.epoch is not None:
+                self._epoch_length = max(self._epoch_length, segment.counter[1])
+            signals, step = segment.signals, segment.resolved_step(self._first_epoch(segment), self._epoch_length)
             if segment.is_eval and "loss" in signals:
                 signals["eval_loss"] = signals.pop("loss")
             elif "loss" in signals:
