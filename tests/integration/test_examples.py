@@ -101,8 +101,11 @@ def test_example_guard_catches_the_fault_within_two_steps(tmp_path, name, fault)
     assert proc.returncode == 3, proc.stderr[-3000:]
     [halt] = [x for x in lines if x["type"] == "halt"]
     # The onset: the first step of the finding the guard halted on (its step is where the loss went bad).
-    onset = min(x["step"] for x in lines if x["type"] == "finding" and x["code"] in halt["codes"])
-    assert onset == FIRST_HIT[fault], [x for x in lines if x["type"] == "finding"]
+    found = min(x["step"] for x in lines if x["type"] == "finding" and x["code"] in halt["codes"])
+    # A NaN is found at its own step; an explosion at its first log, or its second where the first jump
+    # stays under three times the run's start (the fast divergence rule needs two logs far above it).
+    onset = FIRST_HIT[fault]
+    assert onset <= found <= onset + (fault == "explode"), [x for x in lines if x["type"] == "finding"]
     if fault == "nan":
         assert "LOSS001" in halt["codes"], halt
     assert onset <= halt["step"] <= onset + CAUGHT_WITHIN, (onset, halt)
@@ -116,9 +119,10 @@ def test_watch_alone_catches_the_examples_fault_within_two_steps(tmp_path, name,
     proc, data = _watch(name, tmp_path, *_fault(fault), steps=FAULT_AT + RUN_ON)
     assert data["verdict"] == "broken", data["findings"]
     assert proc.returncode == 3 and data["watch"]["halted"] is True, (data["watch"], proc.stderr[-3000:])
-    onset = data["onset_step"]
-    assert onset == FIRST_HIT[fault], data["findings"]
-    assert onset <= data["watch"]["halt_step"] <= onset + CAUGHT_WITHIN, (onset, data["watch"])
+    onset = FIRST_HIT[fault]
+    assert onset <= data["onset_step"] <= onset + (fault == "explode"), data["findings"]
+    # (A bar's first redraw at a new count still shows the last batch's loss: read live, one step early.)
+    assert onset - 1 <= data["watch"]["halt_step"] <= onset + CAUGHT_WITHIN, (onset, data["watch"])
     assert_no_orphans(data)
 
 
