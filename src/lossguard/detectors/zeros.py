@@ -340,9 +340,11 @@ class RlZeroUpdate(DetectorBase):
             return []
         std, zero_std = record.signals.get("reward_std"), record.signals.get("frac_reward_zero_std")
         if std == 0.0 or zero_std == 1.0:
+            # Only one of the two may be logged (TRL logs frac_reward_zero_std, others reward_std).
+            shown = f"reward_std {std:g}" if std is not None else f"frac_reward_zero_std {zero_std:g}"
             return self.emit(
-                f"grad_norm is exactly 0 at step {record.step} and every group's rewards are equal (reward_std "
-                f"{std:g}): every advantage is 0, so the policy gradient vanishes and the step changes nothing",
+                f"grad_norm is exactly 0 at step {record.step} and every group's rewards are equal ({shown}): "
+                "every advantage is 0, so the policy gradient vanishes and the step changes nothing",
                 record.step, record.rank, degenerate_rewards=1)
         detail = f" (reward_std {std:g})" if std is not None else ""
         return self.emit(

@@ -25,6 +25,8 @@ TOKEN = re.compile(
     rb"(?<![\w./])(\d+) ?/ ?(\d+)(?![\w./])"
     rb"|(?<![\w./@-])[\d./@-]*([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
     rb"(" + _NUMBER + rb")(?![\w.])['\"]?(?:\s*/\s*(\d+))?")
+# A source file's name (`c10d_logger.py` in a warning's `path/c10d_logger.py:83:`): a location, never a metric.
+_SOURCE_FILE = re.compile(rb"\.(?:py|pyx|c|cc|cpp|cu|cuh|h|hpp)$")
 # tqdm's `[elapsed<remaining, rate, postfix]` closes one progress-bar redraw: what follows is another line.
 TQDM_END = re.compile(rb"\[[\d:?]+<[^\]\[]*\]")
 # torchtune's progress description `epoch|step|Loss: x`.
@@ -184,6 +186,8 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
                 current = Segment()
             current.counter = (int(index), int(total))
             continue
+        if _SOURCE_FILE.search(raw_key):
+            continue  # `.../lossguard/x/c10d_logger.py:83: FutureWarning`: a file and line, not a metric
         role, name, rank = role_of(raw_key)
         if role == _SKIP:
             continue

@@ -18,7 +18,7 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
         rb"(?:Overflow detected\. Skipping step\. Attempted loss scale: (?P<attempted>\d+(?:\.\d+)?)"
         rb"(?:, reducing to (?P<new>\d+(?:\.\d+)?))?|"
         rb"Grad overflow on iteration|fp16 dynamic loss scale overflow! Skipping step|"
-        rb"overflow detected, setting loss scale to: (?P<set_to>[0-9][0-9.eE+-]*))")),
+        rb"overflow detected, (?:ignoring gradient, )?setting loss scale to: (?P<set_to>[0-9][0-9.eE+-]*))")),
     # DeepSpeed's floor (min_loss_scale, 1 by default: "reducing to 1" from 1, "from 1 to 1"), fairseq's.
     ("scale-at-minimum", re.compile(
         rb"Current loss scale already at minimum|Attempted loss scale: 1, reducing to 1\b|"

@@ -414,8 +414,10 @@ class TextLogParser:
             name = canonical(raw_key.decode())
             value = to_float(raw_value.decode())
             if name is not None and value is not None:
-                held = evaluated if name == "loss" and prefix not in (b"", b"train") else signals
-                held["eval_loss" if held is evaluated else name] = value
+                # `val loss 2.9`, `val/loss=2.9` and `eval_loss=2.9` are the evaluation's, a record of their own
+                is_eval = name == "eval_loss" or (name == "loss" and prefix not in (b"", b"train"))
+                held = evaluated if is_eval else signals
+                held["eval_loss" if is_eval else name] = value
         if not signals and not evaluated:
             return []
         rank = _int(match.group(1).decode()) if match.group(1) else None
