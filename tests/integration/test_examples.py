@@ -120,7 +120,11 @@ def test_watch_alone_catches_the_examples_fault_within_two_steps(tmp_path, name,
     assert data["verdict"] == "broken", data["findings"]
     assert proc.returncode == 3 and data["watch"]["halted"] is True, (data["watch"], proc.stderr[-3000:])
     onset = FIRST_HIT[fault]
-    assert onset <= data["onset_step"] <= onset + (fault == "explode"), data["findings"]
+    # An explosion is found at its first or second log (the fast divergence rule); Lightning's rich bar
+    # redraws at most ten times a second, and a step it skipped is one the printed log never shows: there the
+    # first NaN watch can read may be the next step's.
+    late = (fault == "explode") + (name == "live_lightning")
+    assert onset <= data["onset_step"] <= onset + late, data["findings"]
     # (A bar's first redraw at a new count still shows the last batch's loss: read live, one step early.)
     assert onset - 1 <= data["watch"]["halt_step"] <= onset + CAUGHT_WITHIN, (onset, data["watch"])
     assert_no_orphans(data)
