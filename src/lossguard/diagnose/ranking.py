@@ -64,19 +64,20 @@ def score_cause(rule: CauseRule, signature: str, run: RunEvidence) -> Cause | No
     prior = rule.priors.get(signature)
     if not prior:
         return None
-    score, supports, against = prior, [], []
+    score, supports, against, held = prior, [], [], set()
     for condition in rule.all_conditions:
         holds, actual = condition.judge(run)
         if not holds:
             continue
+        held.add(id(condition))  # conditions hold lists (`in [1, 2]`): not hashable themselves
         score *= condition.factor
         if condition.reason and not isinstance(condition.subject, NoneKnown):  # an absence is no evidence
             (supports if condition.supports else against).append(condition.explain(actual, run))
     issue = rule.issue
     return Cause(id=issue.id, title=issue.title, confidence=score, evidence=supports, fix=issue.fix,
                  confirm=issue.confirm, links=list(issue.sources), against=against,
-                 shown=any(c.judge(run)[0] for c in rule.shown_by),
-                 ruled_out=any(c.judge(run)[0] for c in rule.ruled_out_by), decide=rule.decide)
+                 shown=any(id(c) in held for c in rule.shown_by),
+                 ruled_out=any(id(c) in held for c in rule.ruled_out_by), decide=rule.decide)
 
 
 def rank_causes(signature: str, run: RunEvidence) -> list[Cause]:

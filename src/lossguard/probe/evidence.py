@@ -62,15 +62,9 @@ def _guard_fingerprints_only(stream: Iterable[Any]) -> Iterator[Any]:
     """Every record, with the fingerprint kept only on the guard's own: a record from the job's output
     loses its printed `param_sum`."""
     for record in stream:
-        if FINGERPRINT in record.signals and not is_guard_record(record):
+        if FINGERPRINT in record.signals and not from_the_guard(record):
             record.signals = {k: v for k, v in record.signals.items() if k != FINGERPRINT}
         yield record
-
-
-def is_guard_record(record: Any) -> bool:
-    """Measured by the guard (read from its `events-rankN.jsonl`; the events source names a record by its
-    file), not printed by the job."""
-    return from_the_guard(record)
 
 
 def crash_line(paths: Iterable[Path]) -> str | None:
