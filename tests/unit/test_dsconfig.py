@@ -7,7 +7,7 @@ import pytest
 from lossguard.core.dsconfig import DeepSpeedConfig, as_bool, as_int
 from lossguard.core.facts import RunFacts, facts_from_ds_config
 from lossguard.lint.context import LintContext
-from lossguard.sources.ds_facts import facts_from_line
+from lossguard.sources.readers.ds_facts import facts_from_line
 
 WRITTEN = [
     ({"zero_optimization": {"stage": "2", "overlap_comm": "true"}}, 2, True),

@@ -165,7 +165,7 @@ def test_a_new_value_of_a_name_in_a_step_block_is_still_the_next_step():
 def test_lightning_prints_a_nan_metric_as_nan_dot_0_and_it_is_read_as_nan():
     import math
 
-    from lossguard.sources.generic import read_line
+    from lossguard.sources.readers.generic import read_line
 
     (segment,) = read_line(b"Epoch 0:  28%|##  | 11/40 [00:00<00:01, 17.97it/s, train_loss=nan.0, v_num=0]")
     assert math.isnan(segment.signals["loss"])
@@ -174,7 +174,7 @@ def test_lightning_prints_a_nan_metric_as_nan_dot_0_and_it_is_read_as_nan():
 
 
 def test_of_a_bars_redraws_at_one_count_the_last_holds_that_batchs_values():
-    from lossguard.sources.generic import read_line
+    from lossguard.sources.readers.generic import read_line
 
     line = (b"\rEpoch 0:  25%|#  | 10/40 [00:00<00:01, 18.03it/s, train_loss=5.930]"
             b"\rEpoch 0:  25%|#  | 10/40 [00:00<00:01, 18.02it/s, train_loss=3.990]"

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from lossguard.api import NothingReadError, analyze
-from lossguard.sources import generic, patterns, text_log
+from lossguard.sources import patterns, text_log
+from lossguard.sources.readers import generic, log_dict
 from lossguard.sources.scan import MAX_LINE
 from lossguard.sources.text_log import parse_file
 from tests.conftest import ROOT
@@ -125,7 +126,7 @@ def test_the_onset_is_the_runs_step_on_the_600k_line_log(tmp_path):
 
 
 def _patterns() -> list[re.Pattern]:
-    found = [p for module in (patterns, generic, text_log) for p in vars(module).values() if isinstance(p, re.Pattern)]
+    found = [p for module in (patterns, generic, text_log, log_dict) for p in vars(module).values() if isinstance(p, re.Pattern)]
     found += [p for _, p in patterns.EVENT_PATTERNS]
     return [p for p in found if isinstance(p.pattern, bytes)]
 

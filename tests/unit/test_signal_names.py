@@ -1,11 +1,11 @@
 """The names tools give the grad norm, the LR and the step, read as the catalog's signals (core/signals.py,
-sources/generic.py), and the frozen-LR rule's wording and scope."""
+sources/readers/generic.py), and the frozen-LR rule's wording and scope."""
 
 import pytest
 
 from lossguard.api import analyze
 from lossguard.core.signals import canonical
-from lossguard.sources.generic import read_line
+from lossguard.sources.readers.generic import read_line
 
 
 @pytest.mark.parametrize("key, name", [

@@ -167,29 +167,29 @@ def test_an_empty_quoted_value_in_a_learned_layout_is_no_value():
 def test_a_brace_inside_a_quoted_value_is_read_as_the_dict_search_reads_it(monkeypatch):
     """A line that is one dict in a learned shape is read without searching for the dict, unless a brace
     inside a value would make the search stop earlier (or start later): then it reads what the search reads."""
-    import lossguard.sources.text_log as text_log
+    from lossguard.sources.readers import log_dict
 
     lines = ["{'loss': '2.5', 'epoch': '0.1'}", "{'loss': '2.4', 'epoch': '0.2'}",
              "{'loss': '2}', 'epoch': '0.3'}", "{'loss': '{'2.2', 'epoch': '0.4'}",
              "{'loss': '2.1', 'epoch': '{0.5}'}", "{'loss': '2.0', 'epoch': '0.6'}",
              "{'loss': '1.9', 'epoch': \"0.7\"}", "{'loss': '1.8', 'epoch': \"{'0.8\"}"]
     learned = parse("\n".join(lines) + "\n")
-    monkeypatch.setattr(text_log, "_MAX_LAYOUTS", 0)
+    monkeypatch.setattr(log_dict, "_known_shape", lambda text: None)  # no dict read by a learned shape
     searched = parse("\n".join(lines) + "\n")
     assert [repr(r) for r in learned] == [repr(r) for r in searched]
 
 
 def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkeypatch):
-    import lossguard.sources.text_log as text_log
+    from lossguard.sources.readers import log_dict
 
     lines = _dict_lines()
     read_by_layout = []
-    floats = text_log._floats
-    monkeypatch.setattr(text_log, "_floats", lambda *args: read_by_layout.append(1) or floats(*args))
+    floats = log_dict._floats
+    monkeypatch.setattr(log_dict, "_floats", lambda *args: read_by_layout.append(1) or floats(*args))
     fast = list(parse_lines(lines))
-    assert len(read_by_layout) > 1000  # the fast path did run
-    monkeypatch.setattr(text_log, "_floats", floats)
-    monkeypatch.setattr(text_log, "_MAX_LAYOUTS", 0)  # never learn a layout: findall on every line
+    assert len(read_by_layout) > 1000  # the learned shapes did read
+    monkeypatch.setattr(log_dict, "_floats", floats)
+    monkeypatch.setattr(log_dict, "_known_shape", lambda text: None)  # never a learned shape: findall on every line
     generic = list(parse_lines(lines))
     assert len(fast) == len(generic) > 2500
     for a, b in zip(fast, generic):
@@ -253,38 +253,3 @@ def test_mmengine_fields_separated_by_a_tab():
     assert record.step == 10 and record.signals["lr"] == 1.3e-07 and record.signals["loss"] != record.signals["loss"]
 
 
-def test_a_step_line_merged_in_place_gives_the_records_parsing_it_would(monkeypatch):
-    """`merged` folds DeepSpeed's `step=` line into the log dict before it without making a record for it;
-    over random mixes of every line kind a step= line meets, the records are those the full path gives."""
-    from lossguard.sources.text_log import TextLogParser
-
-    rng = random.Random(11)
-    kinds = [
-        lambda s: f"{{'loss': {rng.choice(['2.5', 'nan', '0.0'])}, 'grad_norm': 1.2, 'learning_rate': 1e-05}}",
-        lambda s: f"{{'loss': '{rng.random():.4f}', 'epoch': '{s / 100}'}}",
-        lambda s: f"{{'eval_loss': {rng.random():.3f}}}",
-        lambda s: f"{{'loss': 1.5, 'step': {s}}}",
-        lambda s: f"[INFO] [logging.py:107:log_dist] [Rank 0] step={s}, skipped={rng.choice([0, 1])}, "
-                  f"lr=[{rng.choice(['1e-05', '0.0', 'nan'])}, 1e-05], mom=[(0.9, 0.999)]",
-        lambda s: f"[Rank 0] step={s}, skipped=0, lr=[1e-05], extra={{'loss_scale': 1024}}",  # a dict on it: read as one
-        lambda s: "10.0.0.2: {'loss': 2.0, 'grad_norm': 0.5}",
-        lambda s: "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
-        lambda s: f"step {s}: train loss {rng.random():.3f}, val loss {rng.random():.3f}",
-        lambda s: f"[rank1]: step {s} loss 2.{s}",
-        lambda s: f" {s}/100 [00:01<00:09] {{'loss': 3.0}}",
-        lambda s: "{'loss': 2.5, 'grad_norm':",  # a dict wrapped by the terminal
-        lambda s: "1.0, 'learning_rate': 1e-05}",
-    ]
-    lines = []
-    for step in range(1, 4000):
-        if rng.random() < 0.5:
-            lines.append(kinds[0](step))
-            lines.append(kinds[4](step))
-        else:
-            lines.append(rng.choice(kinds)(step))
-    text = "\n".join(lines) + "\n"
-    in_place = parse(text)
-    monkeypatch.setattr(TextLogParser, "ds_step_into", lambda self, held, line: False)
-    full = parse(text)
-    assert len(in_place) == len(full) > 3000
-    assert [repr(r) for r in in_place] == [repr(r) for r in full]

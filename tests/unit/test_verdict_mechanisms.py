@@ -210,7 +210,7 @@ def test_an_eval_loss_at_chance_while_the_train_loss_falls_is_a_warning():
 # -- 5. a logged NaN is never dropped in favour of another loss column --------------------------------
 
 def test_every_reader_keeps_a_nan_from_a_second_loss_column():
-    from lossguard.sources.generic import read_line
+    from lossguard.sources.readers.generic import read_line
     from lossguard.sources.text_log import parse_lines
 
     bar = read_line(b"Epoch 0:   3%|3  | 565/20101 [2:12:19<76:15:08, 14.05s/it, loss=nan, reduced_train_loss=3.910, "

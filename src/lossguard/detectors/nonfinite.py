@@ -366,7 +366,7 @@ class GradNormSentinel(DetectorBase):
 class OtherLossNonFinite(DetectorBase):
     """LOSS011: a second loss column of a log is NaN/Inf while the loss the reader chose is finite (Lightning's
     progress-bar `loss=nan` beside NeMo's `reduced_train_loss=3.91`, `lm_loss` beside `loss`). Readers keep such
-    a value as `other_loss` (sources/generic.put_loss) so that no choice of column hides a NaN. A warning, not a
+    a value as `other_loss` (sources/vocabulary.put_loss) so that no choice of column hides a NaN. A warning, not a
     death: the finite column and a finite gradient norm say the weights are alive, and the NaN may be a
     display slot the integration does not fill; if it is a component of the trained loss, the gradient norm
     or the loss turns non-finite next and LOSS001 reports that. Fix: find which loss is NaN and why (log the

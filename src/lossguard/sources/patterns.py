@@ -55,7 +55,7 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
     "Epoch(", "Iter(", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
     "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..", "step ", "iter ",
-    # The generic metric reader (sources/generic.py): any loss-like name, the grad norm and LR names that
+    # The generic metric reader (sources/readers/generic.py): any loss-like name, the grad norm and LR names that
     # come on lines of their own, and a bare printed loss tensor.
     "loss", "Loss", "LOSS", "grad_norm", "gnorm", "grad norm", "learning_rate", "tensor(",
     # Lines of their own that head a block of metric lines (OLMo's `[step=5/739328,epoch=0]`, Composer's
@@ -105,7 +105,6 @@ MEGATRON = re.compile(rb"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9_()/-]*(?: +[a-z0-9_()/-]+)*)\s*:\s*([-+0-9.eEnaNinfINF]+)")
 MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\]\s*)?\[\s*(\d+)\s*/\s*(\d+)\]")
 MMENGINE_FIELD = re.compile(rb"(?<![\w./])([a-z][\w./]*):\s+(-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
-HOST_PREFIX = re.compile(rb"^\s*(?:\[[^\]]*\]\s*)?[\w.-]+:\s*(?=\{)")
 # A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
 # nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.
 PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)(?:\s*[:,|])?\s+(?=[A-Za-z_])")

@@ -15,8 +15,8 @@ pass (a data-loading bar), never the position of a running training loop.
 
 from __future__ import annotations
 
-from lossguard.sources.generic import TQDM_END, past_prefix
 from lossguard.sources.patterns import TQDM_COUNTER
+from lossguard.sources.readers.generic import TQDM_END, past_prefix
 
 
 def bar_step(line: bytes, end: int | None = None) -> int | None:

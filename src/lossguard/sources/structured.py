@@ -11,11 +11,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.core.signals import STEP_KEYS, canonical, to_float
+from lossguard.core.signals import canonical, to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
-from lossguard.sources.generic import put_loss
 from lossguard.sources.scan import ScanCounts, bounded_lines
+from lossguard.sources.vocabulary import is_step, meaning, put_loss, row_step
 
 
 def rows_to_records(rows: Iterable[tuple[int | None, dict]], source: str) -> Iterator[Record]:
@@ -37,41 +37,33 @@ class RowReader:
     def record(self, line_no: int | None, row: object) -> Record | None:
         if not isinstance(row, dict):
             return None
-        step = _step_of(row)
+        step = row_step(row)
         self.ordinal += 1
         if step is None and self.last_step is not None:
             step = self.last_step  # a row without a step (predict metrics) in a log that has them: the last step
         self.last_step = step
-        if "train_runtime" in row:
+        keys = [(meaning(str(key)), value) for key, value in row.items()]
+        if any(key.summary for key, _ in keys):
             return Record(step=step, kind=EVENT, event="train-summary", source=self.source, line_no=line_no,
                           data={k: v for k, v in row.items() if isinstance(v, (int, float))})
-        signals = {}
-        for key, value in row.items():
-            name = canonical(str(key))
+        signals: dict[str, float] = {}
+        is_eval = False
+        for key, value in keys:
             number = to_float(value)
-            if name == "loss" and number is not None:
-                put_loss(signals, number)  # a second loss column: its NaN is kept (generic.put_loss)
-            elif name is not None and number is not None:
-                signals[name] = number
+            if number is None:
+                continue
+            # An eval key counts only with a value: LLaMA-Factory's trainer_log.jsonl carries "eval_loss": null
+            # on every training row.
+            is_eval = is_eval or key.evaluation
+            if key.catalog == "loss":
+                put_loss(signals, number)  # a second loss column: its NaN is kept (vocabulary.put_loss)
+            elif key.catalog is not None:
+                signals[key.catalog] = number
         if not signals.keys() - {"epoch"}:
             return None
-        # An eval key counts only with a value: LLaMA-Factory's trainer_log.jsonl carries "eval_loss": null
-        # on every training row.
-        is_eval = any(str(k).startswith(("eval_", "eval/")) and to_float(v) is not None for k, v in row.items())
         return Record(step=self.ordinal if step is None else step, signals=signals,
                       kind=EVAL if is_eval else TRAIN, source=self.source, line_no=line_no,
                       step_is_ordinal=self.last_step is None)
-
-
-def _step_of(row: dict) -> int | None:
-    for key in STEP_KEYS:
-        value = to_float(row.get(key))
-        if value is not None and 0 <= value < 1e15:  # an inf or absurd step is no step
-            return int(value)
-    value = row.get("global_step/max_steps")  # ms-swift
-    if isinstance(value, str) and value.split("/")[0].isdigit():
-        return int(value.split("/")[0])
-    return None
 
 
 class TrainerStateSource:
@@ -98,7 +90,7 @@ class TrainerStateSource:
                                   "point lossguard at a complete trainer_state.json or at the run's stdout "
                                   "log") from None
         else:
-            history = state.get("log_history", [state] if _step_of(state) is not None else None) \
+            history = state.get("log_history", [state] if row_step(state) is not None else None) \
                 if isinstance(state, dict) else state
         if not isinstance(history, list):
             raise SourceError(f"{path}: no `log_history` list in this trainer_state.json")
@@ -160,7 +152,7 @@ class JsonLinesSource:
             row = JSON.decode(first.decode("utf-8", "replace"))
         except JSON_ERRORS:
             return False
-        return isinstance(row, dict) and (_step_of(row) is not None or "loss" in row) and "lossguard" not in row
+        return isinstance(row, dict) and (row_step(row) is not None or "loss" in row) and "lossguard" not in row
 
     def parse(self, path: Path, counts: ScanCounts | None = None) -> Iterator[Record]:
         """Each line on its own: a JSON object is a row, any other line goes to the text-log parser (a stdout
@@ -217,7 +209,7 @@ class CsvSource:
         header = head.split(b"\n", 1)[0].decode("utf-8", "replace").lower()
         cols = [c.strip() for c in header.replace("\t", ",").split(",")]
         named = any(canonical(c) for c in cols) or "value" in cols and _tag_signal(path) is not None
-        return any(c in STEP_KEYS for c in cols) and named
+        return any(is_step(c) for c in cols) and named
 
     def parse(self, path: Path) -> Iterator[Record]:
         import csv  # only a CSV input needs it: every other analysis starts faster without

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from lossguard.core.records import Record
 from lossguard.core.signals import to_float
-from lossguard.sources.generic import column_name, put_loss
 from lossguard.sources.structured import RowReader
+from lossguard.sources.vocabulary import column_name, put_loss
 
 _RULE_CHARS = frozenset("|-: \t\r\n")
 _MAX_CELLS = 64

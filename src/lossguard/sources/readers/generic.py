@@ -6,16 +6,29 @@ users paste (torchtune / Lightning / NeMo progress bars, `Epoch 1, Step 5, Loss:
 `tensor(nan, device='cuda:0')` printed by `print(loss)`) is read here, so that support does not depend
 on a whitelist of tools. One regex finds every `name <sep> number` pair and every `i/N` progress counter
 of a line; the pairs are then grouped into segments (a line holding several progress-bar redraws or
-several dicts gives one segment each) and each segment becomes at most one record.
+several dicts gives one segment each) and each segment becomes at most one record. More shapes, one per
+tool, are in tests/unit/test_generic_reader.py.
+
+    >>> [(f.step, f.signals) for f in read(b"Epoch 1, Step 5, Loss: 0.97, lr: 1e-05")]
+    [(5, {'epoch': 1.0, 'loss': 0.97, 'lr': 1e-05})]
+    >>> [(f.counter, f.signals) for f in read(b"Epoch 0:  25%|##5  | 10/40 [00:02<00:06, train_loss=nan.0]")]
+    [((10, 40), {'epoch': 0.0, 'loss': nan})]
+    >>> read(b"| valid | epoch 001 | loss 9.80 | nll_loss 9.1")[0].is_eval
+    True
+    >>> read(b"tensor(2.3041, device='cuda:0', grad_fn=<NllLossBackward0>)")[0].signals
+    {'loss': 2.3041}
+    >>> read(b"***** Running Evaluation *****")[0].form
+    'eval-header'
+    >>> read(b"/home/u/x/torch/distributed/c10d_logger.py:83: FutureWarning: x")
+    []
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
 
-from lossguard.core.signals import canonical
+from lossguard.sources.readers.fields import Fields, Form
+from lossguard.sources.vocabulary import Role, meaning, put_loss
 
 # Lightning's progress bar prints a non-finite metric as `nan.0` / `inf.0` (its number format appends `.0`).
 _NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity)?(?:\.0+)?"
@@ -44,99 +57,32 @@ EVAL_MODE = re.compile(rb"(?i)(?<![\w/])(?:valid|validation|eval|evaluation|val)
 # Full-width punctuation (pasted through a Chinese IME or forum): JSON with “”：，
 _FULLWIDTH = ((b"\xe2\x80\x9c", b'"'), (b"\xe2\x80\x9d", b'"'), (b"\xef\xbc\x9a", b":"), (b"\xef\xbc\x8c", b","))
 
-# Roles of a name. Loss-like names rank: a name that says "train" (reduced_train_loss, Train loss) beats a
-# bare `loss` (Lightning's progress-bar `loss` is a display running mean), which beats other *loss names
-# (closs, act_loss, nll_loss: the first of those on the line wins).
-_SKIP, _SIGNAL, _LOSS, _EVAL_LOSS, _STEP, _EPOCH, _BATCH, _EVAL_STEP = range(8)
-STEP_NAMES = {"step", "steps", "iter", "iteration", "global_step", "global step", "num_updates", "current_steps",
-               "train/global_step", "trainer/global_step", "global_steps"}
-_EPOCH = re.compile(r"(?:train(?:ing)?[ _/])?epoch")
-# A step named in two words: MaxText's `completed step: 6`, `train step 12`, `optimizer step: 40`. Singular only:
-# `Total optimization steps = 1000` and `training steps: 500` are totals, not the current step.
-_STEP_PHRASE = re.compile(r"(?:completed|current|train|optimizer|global|update) (?:step|iter|iteration)")
-# The step of an evaluation line (torchtitan's `validate step: 10  loss: 5.21`): its loss is an eval loss.
-_EVAL_STEP_PHRASE = re.compile(r"(?:validate|validation|valid|val|eval|evaluation) (?:step|iter|iteration)")
-_ROLES: dict[bytes, tuple[int, str | None, int]] = {}
+# Lines that open a block of the run's final values: wandb's `Run summary:`, HF's `***** train metrics *****`.
+SUMMARY_HEADER = re.compile(rb"Run summary:|\*{3,} *\w+ metrics *\*{3,}")
+# A line announcing an evaluation, with no metric on it: `***** Evaluating perplexity, Epoch 1/1 *****`.
+EVAL_HEADER = re.compile(rb"(?i)(?<![\w/])(?:evaluat(?:e|es|ing|ion)|validat(?:e|ing|ion))(?![\w/])")
 
 
-def role_of(raw: bytes) -> tuple[int, str | None, int]:
-    """(role, signal name, loss rank) of a name, computed once per distinct name."""
-    found = _ROLES.get(raw)
-    if found is None:
-        found = _ROLES[raw] = _classify(raw.decode("utf-8", "replace").strip().lower())
-    return found
+def read(line: bytes) -> list[Fields]:
+    """The line's segments; or, for a line with no metric that heads a run summary block or announces an
+    evaluation, one header field (the placer reads the lines after it in that light)."""
+    segments = read_line(line)
+    if not any(segment.has_metric() for segment in segments):
+        if SUMMARY_HEADER.search(line):
+            return [Fields(Form.SUMMARY_HEADER)]
+        if EVAL_HEADER.search(line):
+            return [Fields(Form.EVAL_HEADER)]
+    return segments
 
 
-def column_name(raw: str) -> str | None:
-    """The record key a table column named `raw` feeds: "step", "epoch", "loss", "eval_loss", a signal
-    name, or None (a column of no interest)."""
-    role, name, _ = role_of(raw.encode())
-    return "step" if role == _STEP else None if role == _SKIP else name
-
-
-def _classify(key: str) -> tuple[int, str | None, int]:
-    if key in STEP_NAMES or _STEP_PHRASE.fullmatch(key):
-        return _STEP, None, 0
-    if _EVAL_STEP_PHRASE.fullmatch(key):
-        return _EVAL_STEP, None, 0
-    if key.startswith("train ") and (rest := _classify(key[6:]))[0] == _SIGNAL:
-        return rest  # Composer's `Train lr-DecoupledAdamW/group0: 1e-05` (its loss is read by the loss rule)
-    if key == "batch":  # Composer's `[batch=5/100]:` heads a block of metric lines; a bare `batch 8` is no step
-        return _BATCH, None, 0
-    if _EPOCH.fullmatch(key):
-        return _EPOCH, "epoch", 0
-    name = canonical(key)
-    if name == "loss":
-        return _LOSS, "loss", 0 if "train" in key else 1
-    if name == "eval_loss":
-        return _EVAL_LOSS, name, 0
-    if name is not None:
-        return _SIGNAL, name, 0
-    if "loss" not in key or "@" in key or "scale" in key or key.startswith("predict"):
-        return _SKIP, None, 0
-    if key.startswith(("eval", "val", "valid", "test")):
-        return _EVAL_LOSS, "eval_loss", 0
-    return _LOSS, "loss", 0 if "train" in key else 2
-
-
-@dataclass(slots=True)
-class Segment:
-    """What one progress-bar redraw, dict or line says: signals, and the step if it names one."""
-
-    signals: dict[str, float] = field(default_factory=dict)
-    step: int | None = None
-    counter: tuple[int, int] | None = None
-    epoch: int | None = None
-    epochs: int | None = None  # N of an epoch written `e/N` (`Epoch [1/3]`): such an epoch may count from 1
-    loss_rank: int = 9
-    is_eval: bool = False
-    # The counter came with a step's name (`[step=5/739328]`, `[batch=5/100]`): a step even on a line of its
-    # own, where a bare `3/3` (a loading bar) is none.
-    named_counter: bool = False
-    names: set[bytes] = field(default_factory=set)
-
-    def resolved_step(self, first_epoch: int = 0, epoch_length: int | None = None) -> int | None:
-        """The step the segment names, or its counter within its epoch placed after the epochs before it
-        (`first_epoch`: the number the log gives its first epoch, 1 for ColossalAI's `Epoch [1/3]`;
-        `epoch_length`: the counter's total in a full epoch, where the log showed one: the last epoch of a
-        run cut short by a step limit draws a smaller total, `4/4` after sixteen `n/16`)."""
-        if self.step is not None:
-            return self.step
-        if self.counter is None:
-            return None
-        index, total = self.counter
-        return index if self.epoch is None else \
-            max(self.epoch - first_epoch, 0) * max(total, epoch_length or 0) + index
-
-
-def read_line(line: bytes) -> list[Segment]:
-    """Segments of a line that hold a signal or a step; [] when the line names no metric."""
+def read_line(line: bytes) -> list[Fields]:
+    """The segments of a line that hold a signal or a step; [] when the line names no metric."""
     if b"\xe2\x80" in line or b"\xef\xbc" in line:
         for wide, narrow in _FULLWIDTH:
             line = line.replace(wide, narrow)
     if b"tensor(" in line and (loss := _bare_tensor(line.strip())) is not None:
-        return [Segment(signals={"loss": loss})]
-    segments: list[Segment] = []
+        return [Fields(Form.GENERIC, {"loss": loss})]
+    segments: list[Fields] = []
     start = 0
     for end in TQDM_END.finditer(line):
         segments.extend(_segments(line, start, end.end()))
@@ -145,11 +91,11 @@ def read_line(line: bytes) -> list[Segment]:
     return _last_redraw_per_count(segments) if len(segments) > 1 else segments
 
 
-def _last_redraw_per_count(segments: list[Segment]) -> list[Segment]:
+def _last_redraw_per_count(segments: list[Fields]) -> list[Fields]:
     """A progress bar redraws once when its counter moves (the postfix still shows the last batch's
     metrics) and again when the new metrics are set: of consecutive redraws at one count, the last holds
     that batch's values (Lightning's `10/40 ... train_loss=5.93` then `10/40 ... train_loss=3.99`)."""
-    kept: list[Segment] = []
+    kept: list[Fields] = []
     for segment in segments:
         if kept and segment.counter is not None and segment.step is None and kept[-1].step is None \
                 and (kept[-1].counter, kept[-1].epoch) == (segment.counter, segment.epoch):
@@ -174,28 +120,28 @@ def past_prefix(line: bytes, at: int = 0, end: int | None = None) -> int:
     return at
 
 
-def _segments(line: bytes, start: int, end: int) -> list[Segment]:
-    out: list[Segment] = []
-    current = Segment()
+def _segments(line: bytes, start: int, end: int) -> list[Fields]:
+    out: list[Fields] = []
+    current = Fields(Form.GENERIC)
     first_pair = None
     for match in TOKEN.finditer(line, start, end):
         index, total, raw_key, raw_value, of_total = match.groups()
         if raw_key is None:  # a progress counter: a second one is the next redraw
             if current.counter is not None:
                 out.append(current)
-                current = Segment()
+                current = Fields(Form.GENERIC)
             current.counter = (int(index), int(total))
             continue
         if _SOURCE_FILE.search(raw_key):
             continue  # `.../lossguard/x/c10d_logger.py:83: FutureWarning`: a file and line, not a metric
-        role, name, rank = role_of(raw_key)
-        if role == _SKIP:
+        role, name, rank = meaning(raw_key)[:3]
+        if role == Role.SKIP:
             continue
         first_pair = match.start() if first_pair is None else first_pair
-        if raw_key in current.names or role == _STEP and current.step is not None and _has_metric(current):
+        if raw_key in current.names or role == Role.STEP and current.step is not None and current.has_metric():
             out.append(current)  # the same name again: the next dict or progress-bar redraw
-            current = Segment()
-        elif role == _STEP and current.step is not None:
+            current = Fields(Form.GENERIC)
+        elif role == Role.STEP and current.step is not None:
             continue  # litgpt's `iter 9 step 2 | loss`: two counters of one moment, the first (finer) stands
         current.names.add(raw_key)
         _add(current, role, name, rank, _float(raw_value), of_total)
@@ -209,43 +155,23 @@ def _segments(line: bytes, start: int, end: int) -> list[Segment]:
     return [s for s in out if s.signals or s.step is not None or s.named_counter]
 
 
-def put_loss(signals: dict[str, float], value: float, preferred: bool = True) -> None:
-    """A loss column's value into a log's signals, where another loss column may be there already (`loss` and
-    `lm_loss`, `train_loss` and `reduced_train_loss`): the preferred one is the loss; the other, when it is
-    NaN/Inf, is kept as `other_loss`, so that a NaN in any loss column reaches the detectors (LOSS011) and a
-    reader's choice of column never hides one. Every reader puts its loss columns through here."""
-    held = signals.get("loss")
-    if held is None:
-        signals["loss"] = value
-        return
-    kept, other = (value, held) if preferred else (held, value)
-    signals["loss"] = kept
-    if other != other or other in (math.inf, -math.inf):
-        signals["other_loss"] = other
-
-
-def _has_metric(segment: Segment) -> bool:
-    """The segment holds a signal other than the epoch (`Epoch 1 | iter 5 step 1` has none yet)."""
-    return len(segment.signals) > ("epoch" in segment.signals)
-
-
-def _add(segment: Segment, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:
-    if role == _EVAL_STEP:
-        segment.is_eval, role = True, _STEP
-    if role in (_STEP, _BATCH):
+def _add(segment: Fields, role: int, name: str | None, rank: int, value: float, of_total: bytes | None) -> None:
+    if role == Role.EVAL_STEP:
+        segment.is_eval, role = True, Role.STEP
+    if role in (Role.STEP, Role.BATCH):
         if not 0 <= value < 1e15:  # a nan, inf or absurd step is no step
             return
         if of_total is not None:  # `step 63/64`: a position within the epoch, like a progress counter
             segment.counter = (int(value), int(of_total))
             segment.named_counter = True
-        elif role == _STEP:
+        elif role == Role.STEP:
             segment.step = int(value)
-    elif role == _EPOCH:
+    elif role == Role.EPOCH:
         if value.is_integer() and segment.epoch is None:  # `Epoch: [1] [1480/1504]`, `Epoch 4/150`
             segment.epoch = int(value)
             segment.epochs = int(of_total) if of_total is not None else None
         segment.signals.setdefault("epoch", value)
-    elif role == _LOSS:
+    elif role == Role.LOSS:
         put_loss(segment.signals, value, rank < segment.loss_rank)
         segment.loss_rank = min(rank, segment.loss_rank)
     else:

@@ -1,5 +1,11 @@
 """Run facts from DeepSpeed's own lines: the version banner, the ZeRO optimizer line, the launcher's
-world size and the config dump (`zero_config ..... stage=2 overlap_comm=True ...`)."""
+world size and the config dump (`zero_config ..... stage=2 overlap_comm=True ...`).
+
+    >>> read(b"[Rank 0] DeepSpeed info: version=0.14.0, git-hash=unknown").data
+    {'deepspeed_version': '0.14.0'}
+    >>> read(b"loss 2.3") is None
+    True
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,12 @@ import ast
 
 from lossguard.core.dsconfig import as_bool, as_int, dtype_name
 from lossguard.sources import patterns as P
+from lossguard.sources.readers.fields import EVENT, Fields, Form
+
+
+def read(line: bytes) -> Fields | None:
+    facts = facts_from_line(line)
+    return Fields(Form.FACTS, kind=EVENT, event="facts", data=facts) if facts else None
 
 
 def facts_from_line(line: bytes) -> dict:
