@@ -1,7 +1,17 @@
 """Built-in detectors. Importing this package registers each of them; `make_detectors()` builds one of
 each for an engine."""
 
-from lossguard.detectors import chance, evaluation, nonfinite, overflow, ranks, repeats, trends, zeros  # noqa: F401
+from lossguard.detectors import (  # noqa: F401
+    chance,
+    evaluation,
+    guard_report,
+    nonfinite,
+    overflow,
+    ranks,
+    repeats,
+    trends,
+    zeros,
+)
 from lossguard.detectors.registry import make_detectors, register, registered
 
 __all__ = ["make_detectors", "register", "registered"]

@@ -164,6 +164,8 @@ class StepPlacer:
         name, data, bar = fields.event, fields.data, fields.bar
         if fields.form == Form.FACTS:
             step = None
+        elif fields.form == Form.GUARD:
+            step = fields.step  # the guard names the step it saw
         elif bar is not None and bar >= (self.last_step or 0):
             step = self._at_bar(bar, name)
         elif self.last_step is not None:

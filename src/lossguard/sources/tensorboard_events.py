@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lossguard.core.records import EVAL, TRAIN, Record
-from lossguard.core.signals import canonical
 from lossguard.sources.base import SourceError
+from lossguard.sources.vocabulary import meaning
 
 
 class TensorBoardSource:
@@ -30,7 +30,7 @@ class TensorBoardSource:
             for event in EventFileLoader(str(path)).Load():
                 for value in event.summary.value:
                     number = _scalar(value)
-                    name = canonical(value.tag)
+                    name = meaning(value.tag).catalog
                     if name is None or number is None:
                         continue
                     if event.step not in pending:

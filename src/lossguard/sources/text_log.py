@@ -21,6 +21,7 @@ from lossguard.sources.readers import (
     ds_facts,
     events,
     generic,
+    guard_lines,
     log_dict,
     megatron,
     mmengine,
@@ -67,6 +68,8 @@ class TextLogParser:
                 return [placer.log_dict(fields, line_no)]
         if b"skipped=" in line and (fields := deepspeed_step.read(line)) is not None:
             return [placer.ds_step(fields, line_no)]  # DeepSpeed's progress line, as common as the dicts
+        if b"lossguard: " in line and (fields := guard_lines.read(line)) is not None:
+            return [placer.event(fields, line_no)]  # the live guard's own report of this run
         if (fields := events.read(line)) is not None:
             return [placer.event(fields, line_no)]
         for needle, read in LINE_READERS:

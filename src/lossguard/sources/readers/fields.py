@@ -17,6 +17,7 @@ class Form:
     DS_STEP = "ds-step"  # DeepSpeed's `step=10, skipped=0, lr=[...]`
     EVENT = "event"  # a tell-tale warning (OVERFLOW, tokenization mismatch, ...)
     FACTS = "facts"  # the DeepSpeed banner and config dump
+    GUARD = "guard"  # lossguard's own live findings and halt, printed into the job's log
     MEGATRON = "megatron"  # ` iteration 10/ 100 | ... | lm loss: 2.3 |`
     MMENGINE = "mmengine"  # `Epoch(train) [1][ 10/100]  lr: ... loss: ...`
     PLAIN = "plain"  # a script's own `step 6 loss 3.21` / nanoGPT's `iter 100: loss 2.34`
