@@ -145,11 +145,11 @@ def put_loss(signals: dict[str, float], value: float, preferred: bool = True) ->
     `lm_loss`, `train_loss` and `reduced_train_loss`): the preferred one is the loss; the other, when it is
     NaN/Inf, is kept as `other_loss`, so that a NaN in any loss column reaches the detectors (LOSS011) and a
     reader's choice of column never hides one. Every reader puts its loss columns through here."""
-    held = signals.get("loss")
-    if held is None:
+    present = signals.get("loss")
+    if present is None:
         signals["loss"] = value
         return
-    kept, other = (value, held) if preferred else (held, value)
+    kept, other = (value, present) if preferred else (present, value)
     signals["loss"] = kept
     if other != other or other in (math.inf, -math.inf):
         signals["other_loss"] = other
