@@ -144,10 +144,12 @@ def hf_value(raw: bytes) -> float | None:
 
 
 # -- known shapes: a dict printed as one before is read with one regex match -------------------------------
-_MAX_SHAPES = 64  # a log prints its dicts one or two ways; many logs in one process (a test run, watch) more
-_SHAPES: dict[tuple[bytes, ...], re.Pattern[bytes] | None] = {}
-_NAMED: dict[re.Pattern[bytes], tuple[tuple[int, str], ...]] = {}
-_last: list[re.Pattern[bytes]] = []  # the shape that read the last dict: the next is most likely the same
+_MAX_KEY_SETS = 64  # a log prints dicts of one or two key sets; many logs in one process (a test run, watch) more
+_MAX_SHAPES = 4  # per key set: the spacing and quoting of a log's dicts vary little
+_SHAPES: dict[tuple[bytes, ...], list[re.Pattern[bytes]]] = {}  # key set -> the shapes its dicts were printed in
+_NAMED: dict[re.Pattern[bytes], tuple[tuple[int, str], ...]] = {}  # shape -> (group index, signal name)
+_tried: dict[tuple[bytes, ...], int] = {}  # key set -> shapes built for it, kept or not (a quote in a value)
+_last: list[re.Pattern[bytes]] = []  # the shapes of the key set of the last dict: the next is most likely one
 
 
 def _known_shape(text: bytes) -> dict[str, float] | None:
@@ -164,15 +166,27 @@ def _known_shape(text: bytes) -> dict[str, float] | None:
 
 def _learn(pairs: list[tuple[bytes, bytes]], text: bytes) -> None:
     keys = tuple(key for key, _ in pairs)
-    if keys in _SHAPES:
-        pattern = _SHAPES[keys]
-        _last[:] = [] if pattern is None else [pattern]
+    shapes = _SHAPES.get(keys)
+    if shapes is None:
+        if len(_SHAPES) >= _MAX_KEY_SETS:
+            forget_shapes()
+        shapes = _SHAPES[keys] = []
+    _last[:] = shapes
+    if _tried.get(keys, 0) >= _MAX_SHAPES or any(pattern.fullmatch(text) for pattern in shapes):
         return
-    if len(_SHAPES) >= _MAX_SHAPES:
-        _SHAPES.clear()
-        _NAMED.clear()
-    pattern = _SHAPES[keys] = _shape(text)
-    _last[:] = [] if pattern is None else [pattern]
+    _tried[keys] = _tried.get(keys, 0) + 1
+    pattern = _shape(text)
+    if pattern is not None:
+        shapes.append(pattern)
+        _last[:] = shapes
+
+
+def forget_shapes() -> None:
+    """Drop every learned shape (the memo is bounded; tests start from none)."""
+    _SHAPES.clear()
+    _NAMED.clear()
+    _tried.clear()
+    _last.clear()
 
 
 def _shape(text: bytes) -> re.Pattern[bytes] | None:
