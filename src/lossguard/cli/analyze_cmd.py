@@ -42,6 +42,8 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
         diagnosis = run_analysis(paths, facts=facts)
     except SourceError as exc:
         raise UserError(str(exc)) from None
+    for note in getattr(getattr(diagnosis, "gathering", None), "notes", []):  # which run of a store was read
+        click.echo(f"lossguard: {note}", err=True)
     if fmt == "json":
         from lossguard.report.json_report import write_json
 
