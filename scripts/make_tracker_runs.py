@@ -4,7 +4,8 @@ Each library gets the same three HF-Trainer-like runs, logged the way transforme
 WandbCallback log them (same keys, same step handling, the Trainer's arguments as params / config):
 
 - `healthy`: the loss falls, the evaluation loss falls with it;
-- `nan`: the loss goes NaN at step 30; after it the Trainer's NaN filter logs loss 0.0 with grad_norm nan;
+- `nan`: the loss goes NaN at step 30 (its gradient norm overflows to inf); after it the Trainer's NaN filter
+  logs loss 0.0 with grad_norm nan;
 - `overfit`: the training loss keeps falling while the evaluation loss turns and climbs.
 
 Written, in this order (so `overfit` is the most recently started run of each store):
@@ -18,8 +19,8 @@ Rerun (made with mlflow 3.17.2 and wandb 0.31.0 on Python 3.11; mlflow is never 
     python3 -m venv /tmp/mlvenv && /tmp/mlvenv/bin/pip install 'mlflow==3.17.2' 'wandb==0.31.0'
     /tmp/mlvenv/bin/python scripts/make_tracker_runs.py
 
-The tests (tests/unit/test_mlflow_source.py, test_wandb_source.py) find runs by name, not by id, so new
-fixtures need no test edits.
+The tests (tests/unit/test_mlflow_source.py, test_wandb_source.py) find MLflow runs by name and W&B runs by
+their order, never by id, so new fixtures need no test edits.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def logs(kind: str) -> list[tuple[int, dict]]:
         if kind == "nan" and step >= 30:
             # The Trainer's NaN filter: the NaN step's own log shows it, later logs show 0.0 (the filtered
             # losses are dropped from the running sum) while the clipped-norm computation keeps saying nan.
-            loss, grad_norm = (math.nan if step == 30 else 0.0), math.nan
+            loss, grad_norm = (math.nan, math.inf) if step == 30 else (0.0, math.nan)
         losses.append(loss)
         out.append((step, {"loss": round(loss, 4), "grad_norm": grad_norm, "learning_rate": lr, "epoch": epoch}))
         if step % EVAL_STEPS == 0:
