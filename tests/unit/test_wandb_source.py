@@ -41,6 +41,7 @@ def test_each_offline_run_directory_gets_its_diagnosis(name):
 
 def test_the_callbacks_keys_map_to_signals_and_nan_and_inf_survive():
     records = list(WandbOfflineSource().parse(_log("nan")))
+    assert records[0].event == "facts"  # the run's config before its numbers, as a log's config dump
     train = {r.step: r.signals for r in records if r.kind == TRAIN}
     assert set(train[28]) == {"loss", "grad_norm", "lr", "epoch"}  # train/loss, train/grad_norm, ...
     assert math.isnan(train[30]["loss"]) and train[30]["grad_norm"] == math.inf

@@ -37,6 +37,7 @@ class WandbOfflineSource:
     def parse(self, path: Path) -> Iterator[Record]:
         source = f"wandb run {_run_id(path)}"
         config: dict = {}
+        told: dict = {}  # the config the facts were last made from
         got_any = False
         for record in _log_records(path):
             got_any = True
@@ -44,15 +45,22 @@ class WandbOfflineSource:
             if kind in ("run", "config"):
                 config.update(_config_items(record.get(kind) or {}))
             elif kind == "history":
+                if config != told:  # the facts before the numbers, as a log's config dump comes first
+                    told = dict(config)
+                    yield from _facts(config, source)
                 item = (record.get("history") or {}).get("item") or {}
                 values = {k: v for k, v in ((k, number(v)) for k, v in item.items()) if v is not None}
                 yield from step_records(_step(values), values, source)
         if not got_any:
             raise SourceError(f"{path}: no record in this W&B transaction log; pass the run-<id>.wandb of a run "
                               "that logged (wandb/offline-run-*/)")
-        facts = facts_record(config, f"{source} config")
-        if facts is not None:
-            yield facts
+        if config != told:  # config set after the last log
+            yield from _facts(config, source)
+
+
+def _facts(config: dict, source: str) -> list[Record]:
+    facts = facts_record(config, f"{source} config")
+    return [] if facts is None else [facts]
 
 
 def runs_under(root: Path) -> list[Path]:
