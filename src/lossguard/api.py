@@ -45,7 +45,7 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
                                    "fix that error first")
         raise NothingReadError(
             f"{where}: no training metrics seen (no loss-like number and no known log line); lossguard reads "
-            "HF Trainer logs ({'loss': ...} lines), trainer_state.json, TensorBoard events, DeepSpeed / "
+            "HF Trainer logs ({'loss': ...} lines), trainer_state.json, TensorBoard events, MLflow / W&B runs, DeepSpeed / "
             "Megatron / mmengine logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
     _mark_incomplete(diagnosis, gathering)
     return diagnosis

@@ -29,6 +29,11 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - warnings: tokenization mismatch, lr before scheduler stepped, None of the inputs have requires_grad,
     Could not find response key, Number of trainable parameters, InternVL image-token mismatch
   - TensorBoard event files (the tensorboard package's loader)
+  - MLflow runs: an mlruns/ file store, one of its run directories, or the SQLite store mlflow.db (read as
+    files and tables, without mlflow; NaN / Inf restored); mlflow.db#RUN reads the run of that id or name
+  - W&B runs: wandb/, an offline-run-*/ directory or its run-<id>.wandb (wandb's own reader: the wandb
+    extra); HF's train/loss, train/grad_norm, train/learning_rate, eval/loss on train/global_step.
+    A store of several runs: the latest started is read and named on stderr
   - LLaMA-Factory trainer_log.jsonl, ms-swift JSON lines, generic JSONL / CSV with a step column, and
     TensorBoard's CSV download of one scalar (Wall time,Step,Value; the signal from the tag in its file
     name, run-<run>-tag-<tag>.csv)

@@ -13,6 +13,7 @@ from pathlib import Path
 EXTRAS = {
     "train": ("torch", "deepspeed", "transformers", "accelerate", "peft", "tensorboard"),
     "tensorboard": ("tensorboard",),
+    "wandb": ("wandb",),
 }
 
 

@@ -29,7 +29,8 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
     """Diagnose training logs: verdict, failure signature, onset step, ranked causes and fixes.
 
     PATHS are stdout logs, trainer_state.json, TensorBoard event files, JSONL/CSV logs, output
-    directories (checkpoint-* handled), a lossguard events directory, or - for stdin.
+    directories (checkpoint-* handled), a lossguard events directory, MLflow stores (mlruns/, mlflow.db;
+    mlflow.db#RUN for one run) and W&B runs (wandb/, offline-run-*/), or - for stdin.
     """
     from lossguard.api import analyze as run_analysis
     from lossguard.sources.base import SourceError
@@ -42,6 +43,8 @@ def analyze(paths: tuple[str, ...], fmt: str, fail_on: str, ds_config: str | Non
         diagnosis = run_analysis(paths, facts=facts)
     except SourceError as exc:
         raise UserError(str(exc)) from None
+    for note in getattr(getattr(diagnosis, "gathering", None), "notes", []):  # which run of a store was read
+        click.echo(f"lossguard: {note}", err=True)
     if fmt == "json":
         from lossguard.report.json_report import write_json
 

@@ -16,17 +16,19 @@ from typing import TYPE_CHECKING
 from lossguard.core.records import Record
 from lossguard.sources.base import Source, SourceError
 from lossguard.sources.lossguard_events import LossguardEventsSource
+from lossguard.sources.mlflow_store import MlflowSource
 from lossguard.sources.structured import CsvSource, JsonLinesSource, TrainerStateSource
 from lossguard.sources.table import TableSource
 from lossguard.sources.tensorboard_events import TensorBoardSource
 from lossguard.sources.text_log import TextLogSource
+from lossguard.sources.wandb_offline import WandbOfflineSource
 
 if TYPE_CHECKING:
     from lossguard.sources.gather import Gathering
 
 # Most precise first. A module that adds a source inserts it here.
-SOURCES: list[Source] = [LossguardEventsSource(), TrainerStateSource(), TensorBoardSource(), JsonLinesSource(), CsvSource(),
-                         TableSource(), TextLogSource()]
+SOURCES: list[Source] = [LossguardEventsSource(), TrainerStateSource(), TensorBoardSource(), MlflowSource(),
+                         WandbOfflineSource(), JsonLinesSource(), CsvSource(), TableSource(), TextLogSource()]
 
 SKIP_SUFFIXES = {".bin", ".pt", ".pth", ".safetensors", ".ckpt", ".npy", ".npz", ".pkl", ".png", ".jpg",
                   ".html", ".py", ".sh", ".md", ".yaml", ".yml", ".model", ".gz", ".zip", ".tar"}

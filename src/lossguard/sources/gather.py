@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.sources import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff
+from lossguard.sources import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff, trackers
 from lossguard.sources.base import SourceError
 from lossguard.sources.lossguard_events import LossguardEventsSource
 from lossguard.sources.scan import MAX_LINE, ScanCounts
@@ -39,6 +39,7 @@ class Gathering:
     skipped: list[str] = field(default_factory=list)  # "path: why"
     unread: list[str] = field(default_factory=list)  # inputs of the run that could not be read: "path: why"
     guard_off: list[str] = field(default_factory=list)  # the live guard stopped analysing: "at step N: why"
+    notes: list[str] = field(default_factory=list)  # which run of a tracker's store was read (the CLI: stderr)
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
 
@@ -79,7 +80,8 @@ def discover_inputs(paths: list[str], gathering: Gathering | None = None) -> lis
     gathering = gathering if gathering is not None else Gathering()
     found: list[Input] = []
     for text in paths:
-        path = Path(text)
+        name, run = trackers.split_selector(text)  # `mlflow.db#RUN`: one run of an MLflow SQLite store
+        path = Path(name)
         if text != "-" and not path.exists():
             raise SourceError(f"{text}: no such file or directory")
         if text != "-" and path.is_dir():
@@ -96,6 +98,7 @@ def discover_inputs(paths: list[str], gathering: Gathering | None = None) -> lis
             raise SourceError(f"{label}: empty or not a training log (binary data or an unknown format); "
                               "pass the run's stdout log, trainer_state.json, a TensorBoard event file or "
                               "the output directory")
+        source = trackers.bind(path, source, run, gathering, label)
         found.append(Input(path, source, label))
         gathering.used.append(f"{label} ({source.name})")
     return found
@@ -127,7 +130,8 @@ def _spool(text: str, gathering: Gathering) -> Path:
 
 
 def _walk(root: Path, gathering: Gathering) -> list[Input]:
-    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    tracked = trackers.runs_in(root, gathering)  # MLflow / W&B runs: their files are read by their readers
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not tracked.owns(p)]
     # In an output dir with checkpoint-* folders, the top-level trainer_state.json (or else the latest
     # checkpoint's) holds the whole history; older checkpoints hold prefixes of it.
     states = [p for p in files if p.name == "trainer_state.json"]
@@ -142,8 +146,16 @@ def _walk(root: Path, gathering: Gathering) -> list[Input]:
             if why != "model file":  # weights, tokenizers and configs are not worth a line each
                 gathering.skipped.append(f"{path}: {why}")
             continue
+        try:
+            source = trackers.bind(path, source, None, gathering, str(path))
+        except SourceError as exc:  # a damaged mlflow.db beside the run's other logs: those are still read
+            gathering.unread.append(str(exc))
+            continue
         inputs.append(Input(path, source))
         gathering.used.append(f"{path} ({source.name})")
+    inputs = tracked.inputs + inputs
+    if not inputs and tracked.empty_store:
+        raise SourceError(tracked.empty_store)
     if not inputs:
         raise SourceError(f"{root}: no training log found in this directory (looked for *.log / *.txt stdout "
                           "logs, trainer_state.json, TensorBoard events, *.jsonl, *.csv); pass the log file itself")
@@ -205,8 +217,8 @@ def _merged_many(inputs: list[Input], gathering: Gathering | None) -> Iterator[R
     if len(inputs) == 1:  # the live files and one other input
         yield from _parse(inputs[0], gathering)
         return
-    rank = {id(s): i for i, s in enumerate(SOURCES)}
-    ordered = sorted(inputs, key=lambda i: rank.get(id(i.source), len(SOURCES)))
+    rank = {type(s): i for i, s in enumerate(SOURCES)}  # by type: a tracker's source is bound to its run
+    ordered = sorted(inputs, key=lambda i: rank.get(type(i.source), len(SOURCES)))
     yield from _merge_on_steps(_read_each(ordered, gathering))
 
 
