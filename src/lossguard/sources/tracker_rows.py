@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lossguard.core.dsconfig import as_bool, as_int
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.sources.generic import column_name, put_loss
+from lossguard.sources.vocabulary import column_name, put_loss
 
 # The Trainer's end-of-training summary, logged at the last step beside that step's own numbers (MLflow
 # stores both at one step): its `train_loss` is the run's mean loss, never the last step's loss.

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from lossguard.core.records import Record
 from lossguard.sources.base import SourceError
-from lossguard.sources.generic import column_name
 from lossguard.sources.tracker_rows import facts_record, number, step_records
+from lossguard.sources.vocabulary import column_name
 
 MAGIC = b":W&B"
 # A run directory's name: `offline-run-20240501_101500-abc123` (`run-...` when it was synced online).
