@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.sources import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff
 from lossguard.sources.base import SourceError
 from lossguard.sources.lossguard_events import LossguardEventsSource
+from lossguard.sources.registry import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff
 from lossguard.sources.scan import MAX_LINE, ScanCounts
 from lossguard.sources.structured import JsonLinesSource
 from lossguard.sources.text_log import TextLogSource, parse_file
