@@ -15,15 +15,15 @@ from pathlib import Path
 from lossguard.api import mark_incomplete
 from lossguard.diagnose.diagnosis import Diagnosis
 from lossguard.watch.analyzer import LiveAnalyzer
-from lossguard.watch.process import (
+from lossguard.watch.oshelpers import exit_code_for
+from lossguard.watch.outcome import (
     EXIT_HALTED,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     WatchConfig,
-    Watcher,
     WatchOutcome,
-    exit_code_for,
 )
+from lossguard.watch.process import Watcher
 
 __all__ = ["EXIT_HALTED", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "WatchResult", "exit_code_for", "watch"]
 
