@@ -47,6 +47,11 @@ def test_the_function_measure_counts_def_to_end() -> None:
     assert _long_functions(path, f"def long():\n{body}\n") == [f"src/example.py:1 long() is {MAX_FUNCTION_LINES + 1} lines"]
 
 
+def test_only_a_marker_at_the_top_exempts_a_file() -> None:
+    assert _is_generated(f'"""Onset table. {GENERATED_MARKER}: scripts/make_table.py writes it."""\n')
+    assert not _is_generated("\n" * 5 + f"# {GENERATED_MARKER}\n")  # buried below the top: not an exemption
+
+
 def test_no_file_over_the_line_limit() -> None:
     over = []
     for path in _python_files():
