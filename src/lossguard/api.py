@@ -8,7 +8,6 @@ from pathlib import Path
 
 from lossguard.core.engine import Engine
 from lossguard.core.facts import RunFacts
-from lossguard.core.findings import Finding, Severity
 from lossguard.detectors import make_detectors
 from lossguard.diagnose.diagnosis import Diagnosis, diagnose
 from lossguard.sources import discover, records
@@ -33,11 +32,9 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
         gathering.close()
     result = engine.finish()
     unread = {why.split(": ", 1)[0] for why in gathering.unread}
-    diagnosis = diagnose(result, inputs=[i.label for i in inputs if i.label not in unread])
-    stats = result.stats
-    stepped = any(stats.events.get(name) for name in _TRAINING_EVENTS)
-    if stats.num_train == 0 and stats.num_eval == 0 and not stepped and diagnosis.verdict == "healthy":
-        # Nothing was trained in what we read: "healthy" would be a silently wrong answer.
+    diagnosis = diagnose(result, inputs=[i.label for i in inputs if i.label not in unread],
+                         incomplete=gathering.incomplete_reasons(), gathering=gathering)
+    if diagnosis.nothing_to_judge:
         where = ", ".join(paths)
         crash = _crash_line([i.path for i in inputs])
         if crash:
@@ -47,32 +44,8 @@ def analyze(paths: Iterable[str | Path], *, facts: RunFacts | None = None) -> Di
             f"{where}: no training metrics seen (no loss-like number and no known log line); lossguard reads "
             "HF Trainer logs ({'loss': ...} lines), trainer_state.json, TensorBoard events, MLflow / W&B runs, DeepSpeed / "
             "Megatron / mmengine logs and JSONL/CSV with a step column (see `lossguard explain formats`)")
-    _mark_incomplete(diagnosis, gathering)
     return diagnosis
 
-
-def _mark_incomplete(diagnosis: Diagnosis, gathering: Gathering) -> None:
-    diagnosis.gathering = gathering
-    mark_incomplete(diagnosis, gathering.incomplete_reasons())
-
-
-def mark_incomplete(diagnosis: Diagnosis, reasons: list[str]) -> None:
-    """Part of the input was not analysed: say so, as a warning-level finding (never a silent healthy).
-    `diagnosis.incomplete` holds the reasons ([] when everything was analysed)."""
-    diagnosis.incomplete = list(reasons)
-    if not reasons:
-        return
-    diagnosis.findings.append(Finding(
-        "SRC001", "analysis-incomplete", Severity.WARNING,
-        "analysis incomplete: " + "; ".join(reasons) + "; the verdict covers what was read",
-        data={"reasons": list(reasons)}))
-    if diagnosis.verdict == "healthy":
-        diagnosis.verdict = "warning"
-
-
-# Events only a running optimizer step prints: a log holding only these (DeepSpeed's loss-scaler lines)
-# is a training log, not "nothing read".
-_TRAINING_EVENTS = ("overflow", "scale-at-minimum", "nonfinite-detected")
 
 _ERROR_LINE = re.compile(rb"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)(?::[^\n]*)?)$", re.M)
 

@@ -68,15 +68,15 @@ def _with_gathering(diagnosis) -> dict:
     """The JSON contract plus what the gatherer did: `incomplete` (reasons; [] when everything was read)
     and `inputs_skipped` (path: why). The verdict values stay healthy / warning / broken."""
     out = diagnosis.to_dict()
-    out["incomplete"] = list(getattr(diagnosis, "incomplete", []))
-    gathering = getattr(diagnosis, "gathering", None)
+    out["incomplete"] = list(diagnosis.incomplete)
+    gathering = diagnosis.gathering
     out["inputs_skipped"] = list(gathering.skipped) if gathering is not None else []
     return out
 
 
 def _echo_gathering(diagnosis) -> None:
     """Which files of a directory were read and which were left out, and why (one file: nothing to say)."""
-    gathering = getattr(diagnosis, "gathering", None)
+    gathering = diagnosis.gathering
     if gathering is None or (len(gathering.used) <= 1 and not gathering.skipped and not gathering.unread):
         return
     click.echo("inputs")

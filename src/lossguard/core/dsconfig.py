@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-AUTO = "auto"
-
 _DTYPE_NAMES = {
     "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",

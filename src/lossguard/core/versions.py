@@ -13,10 +13,6 @@ from packaging.version import InvalidVersion, Version
 _LINE = re.compile(r"^\s*(?:[-*]\s*)?([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:===?|:|\s)\s*v?([0-9][^\s;#,]*)")
 
 
-class VersionFileError(ValueError):
-    pass
-
-
 def parse_versions(text: str) -> dict[str, str]:
     """Distribution name (normalised, lower-case, '-' separators) -> version string."""
     versions: dict[str, str] = {}

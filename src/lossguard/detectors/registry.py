@@ -17,9 +17,9 @@ def register(factory: Callable[[], Detector]) -> Callable[[], Detector]:
 
 
 def registered() -> list[Callable[[], Detector]]:
-    # Importing the package registers every built-in detector.
-    import lossguard.detectors  # noqa: F401
-
+    # Complete without importing anything here: importing this module ran the package `__init__` first,
+    # and its explicit list of detector modules registered each of them (a late import of the package
+    # would be an import cycle, registry -> package -> detector -> registry).
     return list(_REGISTRY)
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lossguard.core.engine import EngineResult
 from lossguard.core.findings import Finding, Severity
 from lossguard.diagnose.ranking import Cause, rank_causes
 from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES, finding_verdict
 from lossguard.knowledge.conditions import RunEvidence
+
+if TYPE_CHECKING:
+    from lossguard.sources.gather import Gathering
 
 
 @dataclass
@@ -22,6 +25,11 @@ class Diagnosis:
     findings: list[Finding]
     result: EngineResult
     inputs: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)  # why part of the input was not analysed; [] if all was
+    gathering: Gathering | None = None  # the files used and skipped, when the input was gathered from paths
+    # No training in what was read and nothing found in it: "healthy" would be a silently wrong answer, so
+    # `analyze` refuses it (the verdict before any incompleteness made it a warning).
+    nothing_to_judge: bool = False
 
     @property
     def summary(self) -> str:
@@ -54,12 +62,38 @@ class Diagnosis:
 SUSPICIOUS_CAUSES = {"label-leakage"}
 
 
-def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis:
+def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplete: list[str] | None = None,
+             gathering: Gathering | None = None) -> Diagnosis:
+    """The verdict, decided once here. `incomplete` holds why part of the input was not analysed: then a
+    warning-level finding says so and a healthy verdict becomes a warning (never a silent healthy)."""
+    diagnosis = _judge(result, inputs or [])
+    diagnosis.gathering = gathering
+    stats = result.stats
+    trained = stats.num_train or stats.num_eval or any(stats.events.get(name) for name in TRAINING_EVENTS)
+    diagnosis.nothing_to_judge = not trained and diagnosis.verdict == "healthy"
+    diagnosis.incomplete = list(incomplete or [])
+    if diagnosis.incomplete:
+        diagnosis.findings.append(Finding(
+            "SRC001", "analysis-incomplete", Severity.WARNING,
+            "analysis incomplete: " + "; ".join(diagnosis.incomplete) + "; the verdict covers what was read",
+            data={"reasons": list(diagnosis.incomplete)}))
+        if diagnosis.verdict == "healthy":
+            diagnosis.verdict = "warning"
+    return diagnosis
+
+
+# Events only a running optimizer step prints: a log holding only these (DeepSpeed's loss-scaler lines)
+# is a training log, not "nothing to judge".
+TRAINING_EVENTS = ("overflow", "scale-at-minimum", "nonfinite-detected")
+
+
+def _judge(result: EngineResult, inputs: list[str]) -> Diagnosis:
+    """The verdict on what was read: signature, onset and causes from the findings."""
     findings = sorted(result.findings, key=lambda f: (f.step is None, f.step or 0, -f.severity))
     primary = _primary(findings)
     if primary is None:
         verdict = "warning" if any(f.severity >= Severity.WARNING for f in findings) else "healthy"
-        return Diagnosis(verdict, None, None, [], findings, result, inputs or [])
+        return Diagnosis(verdict, None, None, [], findings, result, inputs)
     signature = primary.signature
     family = {signature, *RELATED.get(signature, ())}
     onset = min((f.step for f in findings if f.signature in family and f.step is not None), default=None)
@@ -69,7 +103,7 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None) -> Diagnosis
     causes = rank_causes(signature, _evidence(result, findings, onset))
     if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].confidence >= 0.5:
         verdict = "warning"  # a tiny loss is fine, unless the evidence says the answers leak in
-    return Diagnosis(verdict, signature, onset, causes, findings, result, inputs or [])
+    return Diagnosis(verdict, signature, onset, causes, findings, result, inputs)
 
 
 def _primary(findings: list[Finding]) -> Finding | None:

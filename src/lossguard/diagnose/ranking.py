@@ -64,20 +64,20 @@ def score_cause(rule: CauseRule, signature: str, run: RunEvidence) -> Cause | No
     prior = rule.priors.get(signature)
     if not prior:
         return None
-    score, supports, against, held = prior, [], [], set()
+    score, supports, against, ids_that_held = prior, [], [], set()
     for condition in rule.all_conditions:
         holds, actual = condition.judge(run)
         if not holds:
             continue
-        held.add(id(condition))  # conditions hold lists (`in [1, 2]`): not hashable themselves
+        ids_that_held.add(id(condition))  # conditions hold lists (`in [1, 2]`): not hashable themselves
         score *= condition.factor
         if condition.reason and not isinstance(condition.subject, NoneKnown):  # an absence is no evidence
             (supports if condition.supports else against).append(condition.explain(actual, run))
     issue = rule.issue
     return Cause(id=issue.id, title=issue.title, confidence=score, evidence=supports, fix=issue.fix,
                  confirm=issue.confirm, links=list(issue.sources), against=against,
-                 shown=any(id(c) in held for c in rule.shown_by),
-                 ruled_out=any(id(c) in held for c in rule.ruled_out_by), decide=rule.decide)
+                 shown=any(id(c) in ids_that_held for c in rule.shown_by),
+                 ruled_out=any(id(c) in ids_that_held for c in rule.ruled_out_by), decide=rule.decide)
 
 
 def rank_causes(signature: str, run: RunEvidence) -> list[Cause]:

@@ -30,7 +30,6 @@ _TAIL_BYTES = 256 << 10
 def diagnose_arm(stdout_path: Path, events_dir: Path) -> Any:
     """`lossguard analyze` over the arm's stdout and the guard's events, fingerprints from the guard alone
     when it left events; None when nothing could be read."""
-    from lossguard.api import mark_incomplete
     from lossguard.core.engine import Engine
     from lossguard.detectors import make_detectors
     from lossguard.diagnose.diagnosis import diagnose
@@ -52,10 +51,8 @@ def diagnose_arm(stdout_path: Path, events_dir: Path) -> Any:
         gathering.close()
     result = engine.finish()
     unread = {why.split(": ", 1)[0] for why in gathering.unread}
-    diagnosis = diagnose(result, inputs=[i.label for i in inputs if i.label not in unread])
-    diagnosis.gathering = gathering
-    mark_incomplete(diagnosis, gathering.incomplete_reasons())
-    return diagnosis
+    return diagnose(result, inputs=[i.label for i in inputs if i.label not in unread],
+                    incomplete=gathering.incomplete_reasons(), gathering=gathering)
 
 
 def _guard_fingerprints_only(stream: Iterable[Any]) -> Iterator[Any]:

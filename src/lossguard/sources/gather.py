@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.sources import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff, trackers
+from lossguard.sources import trackers
 from lossguard.sources.base import SourceError
 from lossguard.sources.lossguard_events import LossguardEventsSource
+from lossguard.sources.registry import CHECKPOINT, SKIP_NAMES, SKIP_SUFFIXES, SOURCES, Input, sniff
 from lossguard.sources.scan import MAX_LINE, ScanCounts
 from lossguard.sources.structured import JsonLinesSource
 from lossguard.sources.text_log import TextLogSource, parse_file
@@ -256,12 +257,12 @@ def _merge_on_steps(streams: list[list[Record]]) -> Iterator[Record]:
                 record.step = _aligned(known, position)
                 record.step_is_ordinal = False
             key = (record.kind, record.step, record.rank)
-            held = by_step.get(key)
-            if held is None:
+            precise = by_step.get(key)  # inputs come most precise first: this step's record from the best source
+            if precise is None:
                 by_step[key] = record
                 out.append(record)
             else:
-                _keep_failure(held, record)
+                _keep_failure(precise, record)
     out.sort(key=lambda r: -1 if r.step is None else r.step)
     yield from out
 
@@ -274,10 +275,10 @@ def _aligned(known: list[int], position: int) -> int:
     return known[-1] + interval * (position - len(known) + 1)
 
 
-def _keep_failure(held: Record, other: Record) -> None:
-    """Join `other` (a less precise source's record of the same step) into `held`: its new signals, and
-    every value it shows non-finite where `held` shows a finite one."""
+def _keep_failure(precise: Record, other: Record) -> None:
+    """Join `other` (a less precise source's record of the same step) into `precise`: its new signals, and
+    every value it shows non-finite where `precise` shows a finite one."""
     for name, value in other.signals.items():
-        current = held.signals.get(name)
+        current = precise.signals.get(name)
         if current is None or (math.isfinite(current) and not math.isfinite(value)):
-            held.signals[name] = value
+            precise.signals[name] = value

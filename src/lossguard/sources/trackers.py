@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lossguard.sources import Input
 from lossguard.sources import mlflow_store as mlflow
 from lossguard.sources.base import Source, SourceError
 from lossguard.sources.mlflow_store import MlflowSource
+from lossguard.sources.registry import Input
 from lossguard.sources.wandb_offline import WandbOfflineSource, runs_under
 
 if TYPE_CHECKING:

@@ -12,18 +12,17 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from lossguard.api import mark_incomplete
 from lossguard.diagnose.diagnosis import Diagnosis
 from lossguard.watch.analyzer import LiveAnalyzer
-from lossguard.watch.process import (
+from lossguard.watch.oshelpers import exit_code_for
+from lossguard.watch.outcome import (
     EXIT_HALTED,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     WatchConfig,
-    Watcher,
     WatchOutcome,
-    exit_code_for,
 )
+from lossguard.watch.process import Watcher
 
 __all__ = ["EXIT_HALTED", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "WatchResult", "exit_code_for", "watch"]
 
@@ -44,7 +43,7 @@ class WatchResult:
     def to_dict(self) -> dict:
         """The `analyze --format json` contract plus a `watch` block (command, exit status, signals sent)."""
         report = self.diagnosis.to_dict()
-        report["incomplete"] = list(getattr(self.diagnosis, "incomplete", []))
+        report["incomplete"] = list(self.diagnosis.incomplete)
         report["watch"] = self.outcome.to_dict()
         return report
 
@@ -65,8 +64,8 @@ def watch(command: list[str], *, halt_on: str | None = None, grace_s: float = 10
     watcher = Watcher(config, LiveAnalyzer(halt_on=halt_on, source=source))
     analyzer = watcher.analyzer
     outcome = watcher.run()
-    diagnosis = analyzer.finish(inputs=[str(log_path) if log_path is not None else "<watch>"])
-    mark_incomplete(diagnosis, _incomplete_reasons(outcome, analyzer))
+    diagnosis = analyzer.finish(inputs=[str(log_path) if log_path is not None else "<watch>"],
+                                incomplete=_incomplete_reasons(outcome, analyzer))
     result = WatchResult(outcome, diagnosis, log_path, [])
     if report_dir is not None:
         result.report_paths = write_reports(result, report_dir, command)

@@ -78,8 +78,8 @@ class LiveAnalyzer:
             self.num_lines = base + body.count(b"\n") + (0 if complete or body.endswith(b"\n") else 1)
         return alerts
 
-    def finish(self, inputs: list[str]) -> Diagnosis:
-        return diagnose(self.engine.finish(), inputs=inputs)
+    def finish(self, inputs: list[str], incomplete: list[str] | None = None) -> Diagnosis:
+        return diagnose(self.engine.finish(), inputs=inputs, incomplete=incomplete)
 
     def snapshot(self) -> Diagnosis:
         return diagnose(self.engine.snapshot(), inputs=[self.source])

@@ -18,14 +18,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from lossguard.procs import JOB_ENV, job_members, new_token
 from lossguard.watch.analyzer import Alert, LiveAnalyzer
 from lossguard.watch.banner import render_banner
 from lossguard.watch.lines import LineAssembler
-from lossguard.watch.oshelpers import (  # noqa: F401  (exit_code_for: public via this module)
+from lossguard.watch.oshelpers import (
     drain_socket,
     exit_code_for,
     in_main_thread,
@@ -33,11 +31,7 @@ from lossguard.watch.oshelpers import (  # noqa: F401  (exit_code_for: public vi
     try_grow_pipe,
     write_all,
 )
-
-# Exit codes of `lossguard watch` besides the child's own (documented in --help and docs/watch.md).
-EXIT_HALTED = 3  # lossguard stopped the command (--halt-on)
-EXIT_NOT_EXECUTABLE = 126  # as a shell: the command exists but cannot be run
-EXIT_NOT_FOUND = 127  # as a shell: no such command
+from lossguard.watch.outcome import EXIT_HALTED, SignalSent, WatchConfig, WatchOutcome
 
 READ_BYTES = 1 << 20
 _BANNER_WAIT_S = 0.5  # a warning banner waits this long for both streams to reach a line end
@@ -45,52 +39,6 @@ _DRAIN_S = 0.2  # the group is gone but a pipe is still open (held outside the g
 _GIVE_UP_S = 5.0  # after SIGKILL, stop waiting for a process the kernel cannot kill (D state)
 _GROUP_POLL_S = 0.1
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
-
-
-@dataclass
-class WatchConfig:
-    command: list[str]
-    halt_on: str | None = None
-    grace_s: float = 10.0
-    log_path: Path | None = None
-    unbuffered: bool = True  # PYTHONUNBUFFERED=1 for the child unless it is set already
-    env: dict[str, str] | None = None
-    color: bool | None = None  # banner colours; default: when our stderr is a terminal
-    stdout_fd: int = 1
-    stderr_fd: int = 2
-
-
-@dataclass
-class SignalSent:
-    after_s: float
-    signal: str
-    why: str
-
-
-@dataclass
-class WatchOutcome:
-    exit_code: int
-    returncode: int | None  # Popen style: negative = killed by that signal
-    pid: int | None = None  # the command's pid, also its process group id
-    halted: bool = False
-    halt_line: int | None = None
-    halt_step: int | None = None
-    signals: list[SignalSent] = field(default_factory=list)
-    leftovers: list[int] = field(default_factory=list)  # group members still alive when we gave up
-    wall_s: float = 0.0
-    num_lines: int = 0
-    num_bytes: int = 0
-    analysis_error: str | None = None
-    cut_lines: int = 0  # lines longer than the cap, parsed by their last part
-    ended_mid_line: bool = False  # the command's last output line had no newline: start ours on a new one
-
-    def to_dict(self) -> dict:
-        return {"exit_code": self.exit_code, "returncode": self.returncode, "pid": self.pid,
-                "halted": self.halted,
-                "halt_line": self.halt_line, "halt_step": self.halt_step,
-                "signals": [vars(s) for s in self.signals], "leftover_pids": self.leftovers,
-                "wall_s": round(self.wall_s, 3), "num_lines": self.num_lines, "num_bytes": self.num_bytes,
-                "analysis_error": self.analysis_error}
 
 
 class _Stream:

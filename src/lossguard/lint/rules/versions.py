@@ -10,8 +10,6 @@ from lossguard.knowledge import training as kt
 from lossguard.lint.context import LintContext, as_number
 from lossguard.lint.rules.base import Example, Fix, Rule
 
-DS = "https://github.com/deepspeedai/DeepSpeed"
-
 
 class TorchCudnnSdpa(Rule):
     """torch with the cuDNN SDPA attention backend on by default.
@@ -24,7 +22,7 @@ class TorchCudnnSdpa(Rule):
     `torch.backends.cuda.enable_cudnn_sdp(False)` if NaN appears, or switch attn_implementation.
     """
 
-    issues = ("attention-kernel-nan",)
+    issues = (kt.ATTENTION_KERNEL_NAN.id,)
     code = "ENV301"
     name = "torch.cudnn-sdpa"
     severity = Severity.WARNING
@@ -65,14 +63,12 @@ class TransformersGaLossBug(Rule):
     Fix (manual): upgrade transformers to >= 4.49.
     """
 
-    issues = ("transformers-ga-loss-scale",)
+    issues = (kt.GA_LOSS_SCALE.id,)
     code = "ENV302"
     name = "transformers.ga-loss-bug"
     severity = Severity.WARNING
     summary = "transformers 4.46.0 - 4.48.x gradient-accumulation loss scaling bugs"
-    evidence = ("https://github.com/huggingface/transformers/issues/34263",
-                "https://github.com/huggingface/transformers/issues/35663",
-                "https://github.com/huggingface/transformers/pull/35651")
+    evidence = kt.GA_LOSS_SCALE.sources
     examples = (
         Example({"gradient_accumulation_steps": 8}, valid=False, env={"transformers": "4.46.1"},
                 args={"per_device_train_batch_size": 4}),
@@ -94,7 +90,7 @@ class TransformersGaLossBug(Rule):
             ga = as_number(ctx.arg("gradient_accumulation_steps"))
         if ga is not None and ga <= 1:
             return
-        fix = Fix("upgrade transformers to >= 4.49", safe=True)
+        fix = Fix(kt.GA_LOSS_SCALE.fix, safe=True)
         if ga is None:
             yield self.finding(ctx, f"transformers {ctx.version('transformers')}: if the run accumulates gradients "
                                "(gradient_accumulation_steps is not known here), the Trainer reports wrongly scaled "
@@ -113,12 +109,12 @@ class DeepSpeedBf16Unclipped(Rule):
     Fix (manual): upgrade DeepSpeed.
     """
 
-    issues = ("bf16-unclipped",)
+    issues = (kd.BF16_UNCLIPPED.id,)
     code = "ENV303"
     name = "deepspeed.bf16-unclipped"
     severity = Severity.WARNING
     summary = "DeepSpeed 0.9.2 - 0.9.5 bf16 ZeRO-1/2 does not clip gradients"
-    evidence = (f"{DS}/pull/3166", f"{DS}/pull/3790")
+    evidence = kd.BF16_UNCLIPPED.sources
     examples = (
         Example({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, valid=False, env={"deepspeed": "0.9.5"}),
         Example({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, valid=True, env={"deepspeed": "0.10.0"}),
@@ -128,7 +124,7 @@ class DeepSpeedBf16Unclipped(Rule):
         if ctx.bf16 and ctx.zero_stage in (1, 2) and kd.BF16_UNCLIPPED.affects("deepspeed", ctx.version("deepspeed")):
             yield self.finding(ctx, f"DeepSpeed {ctx.version('deepspeed')} bf16 ZeRO-{ctx.zero_stage} neither computes "
                                "the gradient norm nor clips (PR #3166); grad_norm logs 0.0", "env.deepspeed",
-                               fix=Fix("upgrade DeepSpeed to >= 0.10.0", safe=True))
+                               fix=Fix(kd.BF16_UNCLIPPED.fix, safe=True))
 
 
 class DeepSpeedZero3StreamRace(Rule):
@@ -140,13 +136,13 @@ class DeepSpeedZero3StreamRace(Rule):
     Fix (manual): upgrade DeepSpeed to >= 0.18.8.
     """
 
-    issues = ("zero3-stream-race",)
+    issues = (kd.ZERO3_STREAM_RACE.id,)
     code = "ENV304"
     name = "deepspeed.zero3-stream-race"
     severity = Severity.WARNING
     summary = "DeepSpeed < 0.18.8 ZeRO-3 bf16 with torch >= 2.10: NaN partitions"
     signature = "nonfinite"
-    evidence = (f"{DS}/pull/7898",)
+    evidence = kd.ZERO3_STREAM_RACE.sources
     _cfg = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
     examples = (
         Example(_cfg, valid=False, env={"deepspeed": "0.18.2", "torch": "2.10.0"}),
@@ -161,4 +157,4 @@ class DeepSpeedZero3StreamRace(Rule):
         if issue.affects("deepspeed", ctx.version("deepspeed")) and issue.affects("torch", ctx.version("torch")):
             yield self.finding(ctx, f"DeepSpeed {ctx.version('deepspeed')} ZeRO-3 bf16 with torch {ctx.version('torch')}: "
                                "the reduce stream race turns weight partitions NaN (PR #7898)", "env.deepspeed",
-                               fix=Fix("upgrade DeepSpeed to >= 0.18.8", safe=True))
+                               fix=Fix(issue.fix, safe=True))
