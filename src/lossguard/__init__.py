@@ -15,6 +15,7 @@ _LAZY = {
     "attach": "lossguard.monitor.adapters.deepspeed",
     "Guard": "lossguard.monitor.guard",
     "LossguardHalt": "lossguard.monitor.guard",
+    "RecoverOptions": "lossguard.monitor.options",
     "analyze": "lossguard.api",
 }
 

@@ -26,6 +26,7 @@ from lossguard.detectors import make_detectors
 from lossguard.monitor import dist, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
+from lossguard.monitor.recover import Gate, Hold
 from lossguard.monitor.sinks import (
     JsonlSink,
     Webhook,
@@ -49,6 +50,11 @@ class Monitor:
         self.engine = Engine(make_detectors() if options.detectors is None else options.detectors)
         self.rules = halt_rules(options.halt_on)
         self.halted_at: int | None = None
+        # recover=True: the commit gate (monitor/recover.py) for `end_step(gating=True)`; `held`: its last
+        # decision (None: committed). `lag` 1: steps end before the optimizer step (`Guard.commit`).
+        self.gate = Gate(options.recovery) if options.recovery is not None else None
+        self.held: Hold | None = None
+        self.lag = 0
         self.disabled = False  # agreed by every rank: analysis off, no more collectives
         self._local_error: str | None = None
         self._error_reported = False
@@ -98,7 +104,7 @@ class Monitor:
                 items = loss_items if loss_items is not None else tokens
                 if num_items is not None and items is not None:
                     # sum-reduced loss over num_items: back to a per-token sum for this micro-batch
-                    loss = loss * _factor(num_items, loss.device)
+                    loss = loss * tensors.on_device_factor(num_items, loss.device)
                     weight = items.to(torch.float64)
                 else:
                     weight = None
@@ -110,8 +116,10 @@ class Monitor:
 
     # -- per optimizer step ----------------------------------------------------------------------
     def end_step(self, step: int, *, grad_norm: Any = None, lrs: list[float] | None = None,
-                 loss_scale: Any = None, skipped_steps: Any = None) -> bool:
-        """Gather every rank's signals for `step`, run the detectors; True when the run must halt."""
+                 loss_scale: Any = None, skipped_steps: Any = None, gating: bool = False) -> bool:
+        """Gather every rank's signals for `step`, run the detectors; True when the run must halt. `gating`:
+        before the optimizer step with recovery on, a faulty step is held (`self.held`) and not analysed."""
+        self.held = None
         if self.disabled or self._closed:
             return False
         micro, self._micro = self._micro, []
@@ -136,22 +144,26 @@ class Monitor:
         # rank. Work that can fail on one rank alone (the next step's parameter snapshot, out of memory)
         # comes after it and cannot change it: a rank that decided differently would train on while the
         # others wait in a collective.
-        hits: list[Finding] = []
+        hits, hold = [], None  # the gate, as the halt, decides from the gathered numbers alone
         try:
+            hold = self.gate.judge(step, rows, seen) if gating and self.gate is not None else None
             leading = [r for rank_events in gathered_events for r in (rank_events or [])] if first else []
-            found = self.analyse_rows(step, rows, leading, seen) if rows is not None else \
-                self.analyse_summary(step, seen, own)
-            hits = should_halt(self.rules, found)
+            if hold is not None and not hold.give_up:
+                self._hold(hold, leading)
+            else:  # committed, or the budget is spent: the step goes to the detectors as without recovery
+                found = self.analyse_rows(step, rows, leading, seen) if rows is not None else \
+                    self.analyse_summary(step, seen, own)
+                hits = should_halt(self.rules, found) or (found if hold is not None else [])
         except Exception as exc:
             self._fail(exc, "analysis")
-        if self._scheduled(step + 1) and not self._scheduled(step):  # else `ratios` kept this step's sample
+        if self._measured(step + 1) and not self._measured(step):  # else `ratios` kept this step's sample
             try:
                 self.updates.snapshot()
             except Exception as exc:
                 self._fail(exc, "update snapshot")
-        if hits and self.halted_at is None:
+        if (hits or getattr(hold, "give_up", False)) and self.halted_at is None:
             self.halted_at = step
-            self._announce_halt(step, hits)
+            self._announce_halt(step, hits, hold)
             return True
         return False
 
@@ -194,6 +206,19 @@ class Monitor:
     def _scheduled(self, step: int) -> bool:
         every = self.options.fingerprint_every
         return every > 0 and (step == 1 or step % every == 0)
+
+    def _measured(self, step: int) -> bool:
+        """On schedule; `lag` steps later when steps end before the optimizer step (`Guard.commit`)."""
+        return step > self.lag and self._scheduled(step - self.lag)
+
+    def _hold(self, hold: Hold, leading: list[Record]) -> None:
+        """A held step: its `recovery` line on every rank, said on rank 0; its rows reach no detector."""
+        self.held = hold
+        self._emit_records(leading)
+        if self.jsonl is not None:
+            self.jsonl.write(self.gate.event(hold))
+        if self.rank == 0 and self.options.console:
+            say(self.gate.console_line(hold))
 
     def _first_step_events(self) -> list[Record] | None:
         try:
@@ -242,9 +267,9 @@ class Monitor:
         if counts:
             stacked = torch.stack([c.to(self.device) for c in counts])
             values.num_label_tokens, values.min_label_tokens = stacked.sum(), stacked.min()
-        if self._scheduled(step):
+        if self._measured(step):
             values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas
-            values.update_ratios = self.updates.ratios(keep=self._scheduled(step + 1))
+            values.update_ratios = self.updates.ratios(keep=self._measured(step + 1))
         return values
 
     def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:
@@ -336,11 +361,13 @@ class Monitor:
             if self.webhook is not None and at_least(finding, self.options.webhook_min_severity):
                 self.webhook.send(format_finding(finding))
 
-    def _announce_halt(self, step: int, hits: list[Finding]) -> None:
+    def _announce_halt(self, step: int, hits: list[Finding], hold: Hold | None = None) -> None:
         codes = ", ".join(sorted({f"{f.code} ({f.signature or f.name})" for f in hits}))
-        text = f"lossguard: halting at step {step} on every rank: {codes}"
+        text = self.gate.console_line(hold) if hold is not None else \
+            f"lossguard: halting at step {step} on every rank: {codes}"
         if self.jsonl is not None:
-            self.jsonl.write({"type": "halt", "step": step, "codes": [f.code for f in hits]})
+            self.jsonl.write({"type": "halt", "step": step, "codes": [f.code for f in hits],
+                              **({"reason": "recovery-budget"} if hold is not None else {})})
         if self.rank == 0:
             say(text)
             if self.webhook is not None:
@@ -366,14 +393,6 @@ class Monitor:
                                                detail=self._local_error)))
         if self.rank == min(ranks):  # reported once, by the rank that knows the detail
             say(text)
-
-
-def _factor(value: Any, device: torch.device) -> torch.Tensor | float:
-    """A multiplier for a device value without a copy the host waits for: a tensor already on that device
-    stays there; a number, or a CPU tensor beside a GPU loss, is read where it is (the host)."""
-    if isinstance(value, torch.Tensor) and value.device == device:
-        return value.to(torch.float64)
-    return float(value)
 
 
 class _Reported(Exception):

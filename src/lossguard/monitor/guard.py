@@ -11,6 +11,19 @@
 With gradient accumulation call `guard.observe(loss=..., batch=...)` for each micro-batch and
 `guard.step()` once per optimizer step.
 
+`recover=True` (or `recover=lossguard.RecoverOptions(budget=3, window=100)`): the one line that changes
+is the optimizer step, which the guard now gates; `guard.commit` takes the place of `guard.step`:
+
+        loss.backward()
+        if guard.commit(loss=loss, batch=batch):   # before the step: False holds it on every rank
+            optimizer.step(); scheduler.step()
+        optimizer.zero_grad()
+
+A step whose loss or gradients are non-finite on any rank, or with a micro-batch whose labels are all
+masked, is held on every rank together (monitor/recover.py): the optimizer and scheduler are not stepped,
+the held gradients are dropped, weights and optimizer state stay exactly as they were. Past the budget the
+run halts as with `halt_on` (LossguardHalt from `commit`, before the bad step is applied).
+
 `exit_code_on_halt=N`: after a halt, closing the guard (`close()`, or leaving its `with` block) raises
 `SystemExit(N)` on every rank, so the script ends with status N (`exit_after_halt`).
 """
@@ -71,6 +84,32 @@ class Guard:
         present is computed. `skipped`: the step was not applied (e.g. GradScaler found inf). `lrs`: the
         learning rates of the optimizer's groups to record; otherwise those the optimizer holds now.
         """
+        if self.monitor.gate is not None and not getattr(self, "_told", False) and self.monitor.rank == 0:
+            self._told = True  # the step is already applied: only `commit` can hold it
+            say("lossguard: recover is on but the loop calls guard.step() after optimizer.step(): nothing can "
+                "be held; call `if guard.commit(loss=loss, batch=batch): optimizer.step()` instead")
+        self._end(loss, batch, labels, model, optimizer, grad_norm, step, skipped, lrs, gating=False)
+
+    def commit(self, *, loss: torch.Tensor | None = None, batch: Any = None, labels: Any = None,
+               model: Any = None, optimizer: Any = None, grad_norm: Any = None, step: int | None = None,
+               lrs: list[float] | None = None) -> bool:
+        """End of one optimizer step, called after `backward()` and BEFORE `optimizer.step()`, in place of
+        `step()`: True to apply the step (`optimizer.step()`, `scheduler.step()`), False to skip it.
+
+        Same arguments as `step()`. With `recover` on, a faulty step returns False on every rank together
+        (the decision comes from the per-step exchange, no extra collective) and the guard has set the
+        gradients of the model's parameters to None. Raises `LossguardHalt` on a halt (a `halt_on` match,
+        or the recovery budget spent), before the step is applied. The weights' fingerprint and update
+        ratio are measured one step later than with `step()`: they are read before the update."""
+        self.monitor.lag = 1
+        self._end(loss, batch, labels, model, optimizer, grad_norm, step, False, lrs, gating=True)
+        if self.monitor.held is None:
+            return True
+        for param in (model or self.model).parameters():
+            param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
+        return False
+
+    def _end(self, loss, batch, labels, model, optimizer, grad_norm, step, skipped, lrs, *, gating: bool) -> None:
         if loss is not None or batch is not None or labels is not None:
             self.observe(loss=loss, batch=batch, labels=labels)
         self.num_steps += 1
@@ -87,7 +126,7 @@ class Guard:
         scaler_scale = None
         step_no = self.num_steps if step is None else step
         if self.monitor.end_step(step_no, grad_norm=grad_norm, lrs=lrs, loss_scale=scaler_scale,
-                                 skipped_steps=self._skipped):
+                                 skipped_steps=self._skipped, gating=gating):
             raise LossguardHalt(step_no)
 
     def close(self) -> None:

@@ -21,6 +21,35 @@ class OptionError(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecoverOptions:
+    """How `recover=True` behaves; `recover=RecoverOptions(budget=..., window=...)` refines it.
+
+    `budget`: the most steps the commit gate may hold within any `window` consecutive optimizer steps; the
+    fault that would exceed it halts the run instead (LossguardHalt on every rank, whether or not `halt_on`
+    is set). Defaults: 3 in 100. A held step costs one batch of data; three in a hundred is already 3% of
+    the data dropped, and faults that come back that often are not transient: the weights or the data
+    stream are bad, and holding more steps would hide a broken run behind a finishing one. A fault on
+    every step (weights already non-finite: the gate cannot repair what was applied) halts at the
+    fourth step.
+    """
+
+    budget: int = 3
+    window: int = 100
+
+    def __post_init__(self) -> None:
+        problems = [f"recover.{name} must be an int >= 1, got {getattr(self, name)!r}"
+                    for name in ("budget", "window") if not _positive_int(getattr(self, name))]
+        if not problems and self.budget > self.window:
+            problems.append(f"recover.budget ({self.budget}) must not exceed recover.window ({self.window})")
+        if problems:
+            raise OptionError("lossguard: bad option(s): " + "; ".join(problems))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GuardOptions:
     events_dir: str | Path | None = None
     # None: never halt. A severity ("error"), a verdict ("broken"), a signature ("nonfinite"), a
@@ -42,6 +71,9 @@ class GuardOptions:
     # After a halt, the process ends with this exit status once training has returned on every rank (the
     # entry point raises SystemExit; monitor/guard.py `exit_after_halt`). None: exit as the script does.
     exit_code_on_halt: int | None = None
+    # Hold a faulty step on every rank instead of applying it (`Guard.commit`, monitor/recover.py). False:
+    # off; True: RecoverOptions() defaults; a RecoverOptions refines them.
+    recover: bool | RecoverOptions = False
     detectors: list[Any] | None = field(default=None, compare=False)  # None: every registered detector
 
     def __post_init__(self) -> None:
@@ -64,10 +96,28 @@ class GuardOptions:
         if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not 1 <= code <= 255):
             problems.append(f"exit_code_on_halt must be None or an int from 1 to 255 (3: what `lossguard watch` "
                             f"exits with after a halt), got {code!r}")
+        if not isinstance(self.recover, (bool, RecoverOptions)):
+            problems.append(f"recover must be True, False or a lossguard.RecoverOptions(budget=..., window=...), "
+                            f"got {self.recover!r}")
         if self.webhook_url is not None and not str(self.webhook_url).startswith(("http://", "https://")):
             problems.append(f"webhook_url must be an http(s) URL, got {self.webhook_url!r}")
         if problems:
             raise OptionError("lossguard: bad option(s): " + "; ".join(problems))
+
+    @property
+    def recovery(self) -> RecoverOptions | None:
+        """The recovery settings, None when recovery is off."""
+        if isinstance(self.recover, RecoverOptions):
+            return self.recover
+        return RecoverOptions() if self.recover else None
+
+
+def refuse_recover(options: GuardOptions, entry: str) -> None:
+    """The entry points that cannot hold a step yet refuse `recover` at once rather than ignore it."""
+    if options.recovery is not None:
+        raise OptionError(f"lossguard: recover={options.recover!r} is not supported by {entry} yet; in this "
+                          "version only lossguard.Guard(...).commit(...) (a plain PyTorch / DDP loop) holds "
+                          "steps. Remove `recover` here, or drive the loop with Guard.commit")
 
 
 def halt_rules(halt_on: Any) -> list[tuple[str, Any]]:

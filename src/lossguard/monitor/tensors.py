@@ -294,3 +294,12 @@ class GradWatch:
             if not seen or flag is None or not next(it) and "lora_A" not in name:
                 out.append(name)
         return out
+
+
+def on_device_factor(value: Any, device: torch.device) -> torch.Tensor | float:
+    """A multiplier for a device value without a copy the host waits for: a tensor already on that device
+    stays there; a number, or a CPU tensor beside a GPU loss, is read where it is (the host)."""
+    if isinstance(value, torch.Tensor) and value.device == device:
+        return value.to(torch.float64)
+    return float(value)
+

@@ -14,7 +14,7 @@ from typing import Any
 from lossguard.monitor import tensors
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import LossguardHalt, exit_after_halt
-from lossguard.monitor.options import GuardOptions
+from lossguard.monitor.options import GuardOptions, refuse_recover
 
 
 def engine_facts(engine: Any) -> dict[str, Any]:
@@ -113,4 +113,6 @@ class Attachment:
 
 def attach(engine: Any, *, halt_checkpoint_dir: str | None = None, **options: Any) -> Attachment:
     """Guard a DeepSpeed engine in place. Options: see `GuardOptions` (events_dir, halt_on, ...)."""
-    return Attachment(engine, GuardOptions(**options), halt_checkpoint_dir)
+    guard_options = GuardOptions(**options)
+    refuse_recover(guard_options, "lossguard.attach")
+    return Attachment(engine, guard_options, halt_checkpoint_dir)

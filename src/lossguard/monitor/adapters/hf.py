@@ -28,12 +28,13 @@ from lossguard.monitor import tensors
 from lossguard.monitor.adapters.deepspeed import engine_facts, engine_signals
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import exit_after_halt
-from lossguard.monitor.options import GuardOptions
+from lossguard.monitor.options import GuardOptions, refuse_recover
 
 
 class LossguardCallback(TrainerCallback):
     def __init__(self, **options: Any) -> None:
         self.options = GuardOptions(**options)
+        refuse_recover(self.options, "LossguardCallback")
         self.monitor: Monitor | None = None
         self.engine: Any = None
         self._hook = None

@@ -27,12 +27,13 @@ from lightning.pytorch import Callback
 
 from lossguard.monitor import tensors
 from lossguard.monitor.guard import Guard, LossguardHalt, exit_after_halt
-from lossguard.monitor.options import GuardOptions
+from lossguard.monitor.options import GuardOptions, refuse_recover
 
 
 class LossguardLightningCallback(Callback):
     def __init__(self, *, halt_checkpoint_dir: str | os.PathLike | None = None, **options: Any) -> None:
         self.options = GuardOptions(**options)
+        refuse_recover(self.options, "LossguardLightningCallback")
         self.halt_checkpoint_dir = None if halt_checkpoint_dir is None else os.fspath(halt_checkpoint_dir)
         self.guard: Guard | None = None
         self.checkpoint_path: str | None = None  # written at the halt

@@ -1,0 +1,130 @@
+"""The commit gate (`recover=True`, tier 1): hold a faulty step on every rank before it is applied.
+
+`Guard.commit` runs the guard's per-step exchange before `optimizer.step()`. Every rank then holds every
+rank's row (below the world-size threshold; above it the summary, and the rows whenever the summary shows a
+non-finite or zero value, which every fault here is), so every rank reads the same faults from the same
+numbers and reaches the same decision: commit on all ranks, or hold on all ranks. No extra collective.
+
+A fault the gate holds: a non-finite loss on any rank, a non-finite gradient norm on any rank, a micro-batch
+whose labels are all masked (fewest label tokens 0). A held step is not fed to the detectors (it was not
+applied: it is not part of the run's trajectory, and a detector that reports a fault once must still see a
+later, real one); it is written to every rank's events file as a `recovery` line with the values that
+triggered it, and `lossguard analyze` lists it under `recoveries`.
+
+Only `held` is recorded in this tier: the batch is dropped, not replayed. Replaying it to tell a transient
+fault from a reproducible one (`transient` / `sample`, with quarantine) and rolling back from snapshots
+(`rollback`) come in later tiers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from lossguard.monitor import summary, wire
+from lossguard.monitor.options import RecoverOptions
+
+# (what the gate calls the fault, the slot it is read from, the signature and the detector code that names
+# the same fault when it is applied: LOSS001 for a non-finite loss or gradient, LABEL001 for masked labels)
+_FAULTS = (("non-finite loss", wire.RAW_LOSS, "nonfinite", "LOSS001"),
+           ("non-finite gradient norm", wire.GRAD_NORM, "nonfinite", "LOSS001"),
+           ("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-labels", "LABEL001"))
+_BITS = {wire.RAW_LOSS: wire.HAS_LOSS, wire.GRAD_NORM: wire.HAS_GRAD_NORM, wire.MIN_LABELS: wire.HAS_LABELS}
+ACTION = "held: optimizer.step() skipped on every rank, the held gradients dropped, the batch not replayed"
+
+
+@dataclass
+class Hold:
+    """The gate's decision on one step, the same on every rank."""
+
+    step: int
+    faults: list[dict[str, Any]]  # {"fault", "ranks", "values": {rank: value}}
+    give_up: bool = False  # the budget is spent: halt instead of holding
+    used: int = 0  # held steps within the window, this one included when held
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({r for fault in self.faults for r in fault["ranks"]})
+
+    @property
+    def signature(self) -> str:
+        return _first(self.faults, 2)
+
+    @property
+    def code(self) -> str:
+        return _first(self.faults, 3)
+
+
+def _first(faults: list[dict[str, Any]], index: int) -> str:
+    name = faults[0]["fault"]
+    return next(entry[index] for entry in _FAULTS if entry[0] == name)
+
+
+@dataclass
+class Gate:
+    options: RecoverOptions
+    held_steps: deque = field(default_factory=deque)
+    num_held: int = 0
+
+    def judge(self, step: int, rows: list[list[float]] | None, seen: summary.Summary | None) -> Hold | None:
+        """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank."""
+        faults = _from_rows(rows) if rows is not None else _from_summary(seen)
+        if not faults:
+            return None
+        while self.held_steps and step - self.held_steps[0] >= self.options.window:
+            self.held_steps.popleft()
+        if len(self.held_steps) >= self.options.budget:
+            return Hold(step, faults, give_up=True, used=len(self.held_steps))
+        self.held_steps.append(step)
+        self.num_held += 1
+        return Hold(step, faults, used=len(self.held_steps))
+
+    def event(self, hold: Hold) -> dict[str, Any]:
+        """The `recovery` line every rank writes to its events file."""
+        return {"type": "recovery", "step": hold.step, "ranks": hold.ranks, "kind": "held", "samples": [],
+                "steps_lost": 1, "signature": hold.signature, "code": hold.code, "action": ACTION,
+                "faults": hold.faults,
+                "budget": {"used": hold.used, "budget": self.options.budget, "window": self.options.window}}
+
+    def console_line(self, hold: Hold) -> str:
+        what = "; ".join(f"{f['fault']} on rank(s) {', '.join(map(str, f['ranks']))}" for f in hold.faults)
+        if hold.give_up:
+            return (f"lossguard: halting at step {hold.step} on every rank: {what} ({hold.code}, {hold.signature}); "
+                    f"the recovery budget is spent ({hold.used} steps held within {self.options.window}, "
+                    f"budget {self.options.budget})")
+        return (f"lossguard: recovered at step {hold.step}: {what} ({hold.code}, {hold.signature}); the step "
+                f"was held on every rank (no optimizer step, gradients dropped); {hold.used} of "
+                f"{self.options.budget} recoveries within {self.options.window} steps used")
+
+
+def _from_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
+    faults = []
+    for name, slot, _, _ in _FAULTS:
+        values = {rank: row[slot] for rank, row in enumerate(rows) if _present(row, slot) and _faulty(slot, row[slot])}
+        if values:
+            faults.append({"fault": name, "ranks": sorted(values), "values": values})
+    return faults
+
+
+def _present(row: list[float], slot: int) -> bool:
+    bits = row[wire.PRESENT]
+    return bits == bits and bool(int(bits) & _BITS[slot])
+
+
+def _faulty(slot: int, value: float) -> bool:
+    return value == 0.0 if slot == wire.MIN_LABELS else not math.isfinite(value)
+
+
+def _from_summary(seen: summary.Summary | None) -> list[dict[str, Any]]:
+    """A step read from the summary alone (no rank showed anything there, or it would have been gathered):
+    the same test on the counts, for the record without ranks."""
+    if seen is None:
+        return []
+    faults = []
+    for name, slot, _, _ in _FAULTS:
+        count = seen.zeros[slot] if slot == wire.MIN_LABELS else seen.nonfinite[slot]
+        if count > 0:
+            faults.append({"fault": name, "ranks": [], "values": {}})
+    return faults
