@@ -81,6 +81,14 @@ was read. The reasons are in the finding and in the JSON report's `incomplete` l
 A run that would otherwise be healthy gets the verdict `warning`. Fix: pass the missing or complete file,
 or the run's stdout log."""
 
+RECOVERED = """\
+REC001 recovered (warning): the live guard (`recover=True`) recovered steps in place: the run finished, but
+each listed fault happened. The JSON report's `recoveries` lists each one: step, ranks, kind, samples,
+steps lost, signature, code and the action taken. Kinds: `held` (the commit gate skipped the optimizer step
+on every rank and dropped the batch); `transient`, `sample` and `rollback` are not recorded yet. A run that
+would otherwise be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and ranks; a
+fault that keeps coming back needs its cause fixed, not more recoveries."""
+
 
 def topics() -> list[tuple[str, str]]:
     rows = [(sig, meaning) for sig, (_, meaning) in SIGNATURES.items()]
@@ -91,6 +99,7 @@ def topics() -> list[tuple[str, str]]:
         rows.append((rule.code, rule.name))
     rows += [(issue.id, issue.title) for issue in ISSUES.values()]
     rows.append(("SRC001", "analysis-incomplete: part of the input was not analysed"))
+    rows.append(("REC001", "recovered: the live guard recovered steps in place"))
     rows.append(("formats", "log formats analyze reads"))
     return rows
 
@@ -103,6 +112,8 @@ def explain(topic: str) -> str | None:
         return FORMATS
     if key.upper() == "SRC001" or key == "analysis-incomplete":
         return INCOMPLETE
+    if key.upper() == "REC001" or key == "recovered":
+        return RECOVERED
     if issue := get_issue(key):
         return known_issue(issue)
     for factory in registered():

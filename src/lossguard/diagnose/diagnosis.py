@@ -30,6 +30,8 @@ class Diagnosis:
     # No training in what was read and nothing found in it: "healthy" would be a silently wrong answer, so
     # `analyze` refuses it (the verdict before any incompleteness made it a warning).
     nothing_to_judge: bool = False
+    # Steps the live guard recovered in place (its events files' `recovery` lines), in step order.
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def summary(self) -> str:
@@ -46,6 +48,7 @@ class Diagnosis:
             "summary": self.summary,
             "causes": [c.to_dict() for c in self.causes],
             "deciding_facts": deciding_facts(self.causes),
+            "recoveries": list(self.recoveries),
             "findings": [f.to_dict() for f in self.findings],
             "facts": self.result.facts.known(),
             "stats": {
@@ -79,7 +82,25 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplet
             data={"reasons": list(diagnosis.incomplete)}))
         if diagnosis.verdict == "healthy":
             diagnosis.verdict = "warning"
+    diagnosis.recoveries = sorted(gathering.recoveries if gathering is not None else [], key=lambda r: r["step"])
+    if diagnosis.recoveries:
+        diagnosis.findings.append(recovered_finding(diagnosis.recoveries))
+        if diagnosis.verdict == "healthy":  # a recovered run never reads as if nothing happened
+            diagnosis.verdict = "warning"
     return diagnosis
+
+
+def recovered_finding(recoveries: list[dict[str, Any]]) -> Finding:
+    """REC001: the live guard recovered steps in place; the run finished, but not on every batch."""
+    parts = [f"step {r['step']} ({r['kind']}: {r['signature']} {r['code']} on rank(s) "
+             f"{', '.join(map(str, r['ranks'])) or '?'})" for r in recoveries[:10]]
+    more = f" and {len(recoveries) - 10} more" if len(recoveries) > 10 else ""
+    lost = sum(r["steps_lost"] or 0 for r in recoveries)
+    return Finding("REC001", "recovered", Severity.WARNING,
+                   f"the live guard recovered {len(recoveries)} step(s) in place: {'; '.join(parts)}{more}; "
+                   f"{lost} step(s) of data lost. The run went on, but each of these faults happened: see "
+                   "`recoveries` for what was done", step=recoveries[0]["step"],
+                   data={"steps": [r["step"] for r in recoveries], "steps_lost": lost})
 
 
 # Events only a running optimizer step prints: a log holding only these (DeepSpeed's loss-scaler lines)

@@ -80,7 +80,9 @@ def diagnosis_html(diagnosis, *, title: str | None = None, series: Series | None
     result = diagnosis.result
     if markers is None:
         markers = [("onset", diagnosis.onset_step)] if diagnosis.onset_step is not None else []
+        markers = [*markers, *(("held", r["step"]) for r in diagnosis.recoveries)]
     window = _onset_table(diagnosis)
+    recovered = _recovered_table(diagnosis)
     return render_html(
         series=series if series is not None else result.series.to_dict(),
         title=title or _default_title(diagnosis),
@@ -93,7 +95,7 @@ def diagnosis_html(diagnosis, *, title: str | None = None, series: Series | None
         findings=diagnosis.findings,
         facts=result.facts.known(),
         facts_origin=result.facts.origin,
-        tables=([window] if window else []) + list(tables),
+        tables=([recovered] if recovered else []) + ([window] if window else []) + list(tables),
         inputs=diagnosis.inputs,
         num_suppressed=result.num_suppressed,
     )
@@ -186,6 +188,17 @@ def _onset_table(diagnosis) -> Table | None:
         rows.append(row)
     return Table("Around the onset", header, rows, highlight=highlight,
                  note=f"The first step of {diagnosis.signature} is highlighted.")
+
+
+def _recovered_table(diagnosis) -> Table | None:
+    """The steps the live guard recovered in place (a recovered run must not read as if nothing happened)."""
+    if not diagnosis.recoveries:
+        return None
+    rows = [[r["step"], ", ".join(map(str, r["ranks"])), r["kind"], r["signature"], r["code"], r["steps_lost"],
+             r["action"]] for r in diagnosis.recoveries]
+    return Table("Recovered", ["step", "ranks", "kind", "signature", "code", "steps lost", "action"], rows,
+                 note="Steps the live guard (recover=True) held on every rank instead of applying; "
+                      "each is marked 'held' on the plots.")
 
 
 def _version() -> str:

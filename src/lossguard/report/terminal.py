@@ -34,7 +34,20 @@ def render(diagnosis: Diagnosis, console: Console | None = None, *, max_findings
     if diagnosis.signature and diagnosis.verdict != "healthy":
         _timeline(console, diagnosis)
         _causes(console, diagnosis)
+    _recovered(console, diagnosis)
     _findings(console, diagnosis, max_findings)
+
+
+def _recovered(console: Console, diagnosis: Diagnosis) -> None:
+    """What the live guard recovered in place: the run finished, but these steps did not go as trained."""
+    if not diagnosis.recoveries:
+        return
+    console.print(Text(f"recovered ({len(diagnosis.recoveries)} step(s) held by the live guard)", style="bold yellow"))
+    for r in diagnosis.recoveries:
+        ranks = ", ".join(map(str, r["ranks"])) or "?"
+        console.print(Text.assemble((f"  step {r['step']:<7}", "bold"), (f"{r['kind']:<10}", "yellow"),
+                                    f"{r['signature']} ({r['code']}) on rank(s) {ranks}; {r['action']}; "
+                                    f"{r['steps_lost']} step(s) lost"))
 
 
 def _facts(console: Console, diagnosis: Diagnosis) -> None:

@@ -40,6 +40,7 @@ class Gathering:
     skipped: list[str] = field(default_factory=list)  # "path: why"
     unread: list[str] = field(default_factory=list)  # inputs of the run that could not be read: "path: why"
     guard_off: list[str] = field(default_factory=list)  # the live guard stopped analysing: "at step N: why"
+    recoveries: list[dict] = field(default_factory=list)  # steps the live guard recovered (the report's `recoveries`)
     notes: list[str] = field(default_factory=list)  # which run of a tracker's store was read (the CLI: stderr)
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
@@ -57,8 +58,13 @@ class Gathering:
 
     def noting_guard_off(self, records: Iterable[Record]) -> Iterator[Record]:
         """The records, unchanged; a live guard's "internal-error" event (its analysis switched off on
-        every rank, training went on) is noted as a reason the analysis is incomplete."""
+        every rank, training went on) is noted as a reason the analysis is incomplete. Its "recovery" events
+        (every rank wrote each) are kept once per step for the report and held back from the detectors."""
         for record in records:
+            if record.kind == EVENT and record.event == "recovery":
+                if all(known["step"] != record.step for known in self.recoveries):
+                    self.recoveries.append(record.data)
+                continue
             if record.kind == EVENT and record.event == "internal-error" and not self.guard_off:  # every rank wrote it
                 detail = record.data.get("detail") or "an internal error"
                 self.guard_off.append(f"at step {record.step} on rank {record.rank} ({detail})")

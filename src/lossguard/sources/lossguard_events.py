@@ -2,6 +2,9 @@
 
 Records come back exactly as the live monitor fed them to its detectors, so `lossguard analyze
 EVENTS_DIR` reproduces the live findings. Finding, halt and end lines are skipped: detectors recompute.
+A `recovery` line (a step the commit gate held, monitor/recover.py) comes back as a "recovery" event
+holding the line (`recovery`); the gathering takes it out of the stream for the report's `recoveries`,
+so the detectors see exactly what they saw live (a held step never reached them).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class LossguardEventsSource:
                     continue
                 if isinstance(obj, dict) and obj.get("type") == "record":
                     yield _record(obj, path.name, line_no)
+                elif isinstance(obj, dict) and obj.get("type") == "recovery" and _int(obj.get("step")) is not None:
+                    yield Record(step=obj["step"], rank=None, kind=EVENT, event="recovery", data=recovery(obj),
+                                 source=path.name, line_no=line_no)
 
 
 def _record(obj: dict, source: str, line_no: int) -> Record:
@@ -53,6 +59,17 @@ def _record(obj: dict, source: str, line_no: int) -> Record:
     return Record(step=_int(obj.get("step")), rank=_int(obj.get("rank")), kind=kind, event=event,
                   signals={str(k): v for k, v in ((k, _float(v)) for k, v in signals.items()) if v is not None},
                   data=data, source=source, line_no=line_no)
+
+
+def recovery(obj: dict) -> dict:
+    """A recovery line as the report lists it (`recoveries`); a field of the wrong type becomes empty."""
+    ranks = obj.get("ranks") if isinstance(obj.get("ranks"), list) else []
+    samples = obj.get("samples") if isinstance(obj.get("samples"), list) else []
+    text = {key: obj.get(key) if isinstance(obj.get(key), str) else None
+            for key in ("kind", "signature", "code", "action")}
+    return {"step": _int(obj.get("step")), "ranks": [r for r in ranks if _int(r) is not None],
+            "kind": text["kind"], "samples": samples, "steps_lost": _int(obj.get("steps_lost")),
+            "signature": text["signature"], "code": text["code"], "action": text["action"]}
 
 
 def _int(value: object) -> int | None:
