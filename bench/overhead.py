@@ -9,6 +9,12 @@ Arms, interleaved round after round in one two-rank job (same model, data, seed)
   histo     anchor: per-parameter gradient-histogram hooks in the style of wandb.watch(log="all",
             log_freq=1): torch.histc of every gradient, copied to the host, every step
 Prints the median step-time ratio of each arm to `base`.
+
+    python bench/overhead.py --recovery [--steps 30] [--rounds 3]
+
+The recovery arm: the same model in a plain two-rank DDP loop (gloo), `lossguard.Guard` alone (`guard.step`
+after `optimizer.step()`) against `Guard(recover=True)` (`if guard.commit(...): optimizer.step()`), plus the
+loop without lossguard; prints the gate's median step-time ratio to the guard alone (target <= 1.01x).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import tempfile
 import time
 
 ARMS = ("base", "default", "print1", "histo")
+RECOVERY_ARMS = ("loop", "guard", "gate")
 
 
 # The model and batch per machine kind: the CPU figure's small GPT-2, and on a GPU the workload the
@@ -130,6 +137,62 @@ def worker(out: str, steps: int, rounds: int, gpu: bool = False, arms: tuple[str
             json.dump({"median_step_s": results, "num_params": n_params, "syncs_per_step": syncs}, fh)
 
 
+def recovery_worker(out: str, steps: int, rounds: int) -> None:
+    """The recovery arms, `rounds` times interleaved, in a plain DDP loop; rank 0 writes `recovery.json`."""
+    import torch
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import lossguard
+
+    dist.init_process_group("gloo")
+    shape, rank = CPU_SHAPE, dist.get_rank()
+    results: dict[str, list[float]] = {arm: [] for arm in RECOVERY_ARMS}
+    for _ in range(rounds):
+        for arm in RECOVERY_ARMS:
+            torch.manual_seed(0)
+            model = torch.nn.parallel.DistributedDataParallel(GPT2LMHeadModel(GPT2Config(
+                vocab_size=shape["vocab"], n_positions=shape["seq"], n_embd=shape["n_embd"],
+                n_layer=shape["n_layer"], n_head=shape["n_head"])))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            guard = None if arm == "loop" else lossguard.Guard(model, optimizer, recover=arm == "gate", console=False)
+            times = []
+            for step in range(steps):
+                ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]),
+                                    generator=torch.Generator().manual_seed(1000 * step + rank))
+                start = time.perf_counter()
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                if arm == "gate":
+                    if guard.commit(loss=loss, labels=ids):
+                        optimizer.step()
+                else:
+                    optimizer.step()
+                    if guard is not None:
+                        guard.step(loss=loss, labels=ids)
+                optimizer.zero_grad()
+                times.append(time.perf_counter() - start)
+            if guard is not None:
+                guard.close()
+            results[arm].append(statistics.median(times[3:]))  # skip warm-up steps
+    if rank == 0:
+        with open(os.path.join(out, "recovery.json"), "w") as fh:
+            json.dump({"median_step_s": results}, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def report_recovery(out: str) -> None:
+    with open(os.path.join(out, "recovery.json")) as fh:
+        per_round = json.load(fh)["median_step_s"]
+    print("recovery arm: plain DDP loop, two ranks, gloo, CPU")
+    for arm in RECOVERY_ARMS:
+        print(f"{arm:8s} median step {statistics.median(per_round[arm]) * 1e3:8.1f} ms")
+    ratios = [g / b for g, b in zip(per_round["gate"], per_round["guard"])]
+    print(f"gate / guard alone: {statistics.median(ratios):.3f}x  (rounds: {', '.join(f'{r:.3f}' for r in ratios)}; "
+          "target <= 1.01x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=14)
@@ -137,7 +200,11 @@ def main() -> None:
     parser.add_argument("--worker", default=None)
     parser.add_argument("--gpu", action="store_true", help="(worker) the GPU workload; see bench/gpu_overhead.py")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--recovery", action="store_true", help="the recovery arms (plain DDP loop) instead")
     opts = parser.parse_args()
+    if opts.worker and opts.recovery:
+        recovery_worker(opts.worker, opts.steps, opts.rounds)
+        return
     if opts.worker:
         worker(opts.worker, opts.steps, opts.rounds, gpu=opts.gpu, arms=tuple(opts.arms.split(",")))
         return
@@ -145,7 +212,11 @@ def main() -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     subprocess.run([torchrun, "--nproc_per_node", "2", __file__, "--worker", out, "--steps", str(opts.steps),
-                    "--rounds", str(opts.rounds)], env=env, check=True, stdout=subprocess.DEVNULL)
+                    "--rounds", str(opts.rounds), *(["--recovery"] if opts.recovery else [])],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    if opts.recovery:
+        report_recovery(out)
+        return
     with open(os.path.join(out, "bench.json")) as fh:
         data = json.load(fh)
     per_round = data["median_step_s"]
