@@ -113,7 +113,7 @@ def test_wants_name_only_catalog_signals_or_known_events():
 
     events = {name for name, _ in EVENT_PATTERNS} | {"no-grad", "trainable-not-in-optimizer", "facts"}
     for factory in FACTORIES:
-        wants = getattr(factory(), "wants", None)
+        wants = factory().wants
         if wants is not None:
             assert wants <= set(SIGNALS) | events, (factory, wants - set(SIGNALS) - events)
 
