@@ -70,10 +70,11 @@ class Engine:
         self._after_left = _CONTEXT_AFTER
         self._broken: set[str] = set()
         # (signal names, event) -> the detectors that want such a record; see `_route`.
-        self._routes: dict[tuple, list[Detector]] = {}
-        # Detectors whose `spared_when` changes with their state: re-read after each record they observe.
-        self._changing = [d for d in self.detectors if d.spared_when_changes]
-        self._changing_ids = {id(d) for d in self._changing}
+        self._routes: dict[tuple, list[tuple[Detector, int]]] = {}
+        # Detectors whose `spared_when` changes with their state (id -> detector): re-read after each record
+        # they observe.
+        self._changing = {id(d): d for d in self.detectors if d.spared_when_changes}
+        self._changing_ids = frozenset(self._changing)
         self._started = False
 
     # -- feeding -------------------------------------------------------------------------------
@@ -93,8 +94,8 @@ class Engine:
     def _observe(self, record: Record, only: set[int] | None = None) -> list[Finding]:
         """Every routed detector (or those whose id is in `only`) observes the record."""
         new: list[Finding] = []
-        for detector in self._route(record):
-            if detector.code in self._broken or (only is not None and id(detector) not in only):
+        for detector, key in self._route(record):
+            if (only is not None and key not in only) or detector.code in self._broken:
                 continue
             try:
                 new.extend(detector.observe(record))
@@ -102,14 +103,15 @@ class Engine:
                 new.append(self._internal_error(detector, exc))
         return new
 
-    def _route(self, record: Record) -> list[Detector]:
+    def _route(self, record: Record) -> list[tuple[Detector, int]]:
         """Detectors that declare `wants` (signal and event names) see only matching records: a big
-        log's `step=` lines then cost two detector calls, not thirteen."""
+        log's `step=` lines then cost two detector calls, not thirteen. With each its id, which the batch
+        path routes by (an id() call per detector and record was a tenth of the engine on a dead log)."""
         key = (tuple(record.signals), record.event)
         route = self._routes.get(key)
         if route is None:
             names = set(record.signals) | {record.event}
-            route = [d for d in self.detectors if d.wants is None or names & d.wants]
+            route = [(d, id(d)) for d in self.detectors if d.wants is None or names & d.wants]
             if len(self._routes) < 1024:
                 self._routes[key] = route
         return route
@@ -165,8 +167,8 @@ class Engine:
             if (kept := self._collect(new)) and on_findings is not None:
                 on_findings(record, kept)
             done = index + 1
-            if self._changing_ids and routed[index] & self._changing_ids:
-                pending = self._reroute(batch, routed, used, index, pending)
+            if self._changing_ids and (changing := routed[index] & self._changing_ids):
+                pending = self._reroute(batch, routed, used, index, pending, changing)
         self.counts.advance(batch.rank, batch.columns, done, len(records))
         self._keep(records[done:])
 
@@ -193,27 +195,30 @@ class Engine:
                 routed.setdefault(index, set()).add(id(detector))
         return routed, used
 
-    def _reroute(self, batch: Batch, routed: dict, used: dict, index: int, pending: collections.deque):
+    def _reroute(self, batch: Batch, routed: dict, used: dict, index: int, pending: collections.deque,
+                 changing: set[int]):
         """A detector whose `spared_when` changes with its state may change it on a record it was handed;
         spared records change no state, so until then the routing held. From the next record on, it gets
-        every record that fails its new `spared_when` (records already routed to it stay: observing a record
-        it may be spared changes nothing). Returns the records left to visit."""
-        added: set[int] = set()
-        for detector in self._changing:
-            key = id(detector)
-            if key not in routed[index]:
-                continue
+        exactly the records that fail its new `spared_when` (and the profile's marks if it reads them): a run
+        that opens and closes again costs it one record, not the rest of the batch. `changing`: the ids of
+        such detectors that observed record `index`. Returns the records left to visit."""
+        rerouted = False
+        for key in changing:
+            detector = self._changing[key]
             spared = detector.spared_when
-            if spared is used[key]:
+            if spared is used.get(key):
                 continue
             used[key] = spared
-            rest = range(index + 1, len(batch.records))
-            fails = rest if spared is None else \
-                [i for i in sorted(_not_spared(spared, batch.columns, {})) if i > index]
-            for later in fails:
-                routed.setdefault(later, set()).add(key)
-                added.add(later)
-        return collections.deque(sorted(added.union(pending))) if added else pending
+            rerouted = True
+            fails = None if spared is None else _not_spared(spared, batch.columns, {})
+            for later in range(index + 1, len(batch.records)):
+                if fails is None or later in fails:
+                    routed.setdefault(later, set()).add(key)
+                elif later in routed and not detector.reads_profile:
+                    routed[later].discard(key)
+        if not rerouted:
+            return pending
+        return collections.deque(sorted(i for i, ids in routed.items() if i > index and ids))
 
     def finish(self) -> EngineResult:
         new: list[Finding] = []

@@ -2,10 +2,10 @@
 
 The engine advances it once per train record, on both of its paths (`feed` and the batch path), with one
 update loop (`RankProfile.run`, through `LossProfile.advance`): count, baseline, minimum, head and tail, the
-runs of repeated and of high values, the gradient norm's mean, the run of tiny losses, and a running average that leaves spikes out. Where a
-record may concern a trend rule (it repeats the loss before it, it sits far above the run's start, a spike
-came back down, a run of repeats, an earlier stretch of losses again), the loop hands the engine a
-`TrendMark`; the engine routes the record to the detectors that declare `reads_profile`, which find the mark
+runs of repeated and of high values, the gradient norm's mean, the run of tiny losses, and a running
+average that leaves spikes out. Where a record may concern a trend rule (it repeats the loss before it, it
+sits far above the run's start, a spike came back down, a run of repeats, an earlier stretch of losses
+again), the loop hands the engine a `TrendMark`; the engine routes the record to the detectors that declare `reads_profile`, which find the mark
 in `LossProfile.mark`. Every other train record costs the trend detectors nothing, and no detector keeps
 a copy of these statistics.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import operator
 from dataclasses import dataclass
 
 BASELINE_LOGS = 3
@@ -49,6 +50,14 @@ class TrendMark:
     recurs: int | None  # the last RECUR_LOGS losses repeat those that ended this many losses earlier
 
 
+# The state `RankProfile.run` works on in locals, in the order it unpacks it: one C call per run of records
+# (the live path calls `run` once per record).
+_load_state = operator.attrgetter(
+    "num", "baseline_sum", "baseline", "minimum", "ema", "grad_sum", "grad_num", "repeat_value", "repeat_streak",
+    "repeat_since", "high_run", "high_since", "far_run", "far_since", "spike_at", "spike_value", "spike_age",
+    "tiny_since", "tiny_grads", "nonzero", "window")
+
+
 class RankProfile:
     __slots__ = ("num", "baseline_sum", "baseline", "minimum", "ema", "first_step", "head", "tail",
                  "grad_sum", "grad_num", "repeat_value", "repeat_streak", "repeat_since", "high_run", "high_since",
@@ -76,18 +85,13 @@ class RankProfile:
         self.windows: dict[tuple[float, ...], int] = {}  # window -> its `nonzero` count where it ended
         self.nonzero = 0
 
-    # The state `run` works on in locals: loaded and saved in this order, once per call.
-    _RUN_STATE = ("num", "baseline_sum", "baseline", "minimum", "ema", "grad_sum", "grad_num", "repeat_value",
-                  "repeat_streak", "repeat_since", "high_run", "high_since", "far_run", "far_since", "spike_at",
-                  "spike_value", "spike_age", "tiny_since", "tiny_grads", "nonzero", "window")
-
     def run(self, losses: list, steps: list, grads: list, lo: int, hi: int) -> dict[int, TrendMark]:
-        """Records lo..hi-1 of a run, in order (a None or non-finite loss is no loss here): index -> TrendMark
-        where a trend rule must look. One loop, the state in locals: it runs per train record of a big log, where
-        a call per statistic costs more than it (rare branches are helpers). The recurrence window: six slots."""
-        (num, baseline_sum, baseline, minimum, ema, grad_sum, grad_num, repeat_value, repeat_streak, repeat_since,
-         high_run, high_since, far_run, far_since, spike_at, spike_value, spike_age, tiny_since, tiny_grads,
-         nonzero, window) = (getattr(self, name) for name in self._RUN_STATE)
+        """Records lo..hi-1 of a run, in order (a None or non-finite loss is no loss here): index ->
+        TrendMark where a trend rule must look. One loop, the state in locals: it runs per train record of a
+        big log, where a call per statistic costs more than it (rare branches are helpers)."""
+        (num, baseline_sum, baseline, minimum, ema, grad_sum, grad_num, repeat_value, repeat_streak,
+         repeat_since, high_run, high_since, far_run, far_since, spike_at, spike_value, spike_age, tiny_since,
+         tiny_grads, nonzero, window) = _load_state(self)
         head, tail, windows, filled = self.head, self.tail, self.windows, len(window)
         _, w1, w2, w3, w4, w5 = window = (None,) * (RECUR_LOGS - filled) + window
         isfinite, isclose = math.isfinite, math.isclose
@@ -98,8 +102,7 @@ class RankProfile:
             loss = losses[index]
             if loss is None or not isfinite(loss):
                 continue
-            step, grad = steps[index], grads[index]
-            num += 1
+            step, grad, num = steps[index], grads[index], num + 1
             if num <= BASELINE_LOGS:
                 baseline_sum += loss
                 baseline = baseline_sum / BASELINE_LOGS if num == BASELINE_LOGS else baseline
@@ -128,15 +131,14 @@ class RankProfile:
                                                                  far_run, far_since)
             else:
                 high_run = far_run = 0
-            # A spike (3x the average and half a nat above it) opens a window (`_spike_window`).
             spike = None
             if spike_at is not None:
                 spike, spike_at, spike_age = _spike_window(loss, ema, spike_at, spike_value, spike_age)
-            elif num > BASELINE_LOGS and ema and loss > 3.0 * ema and loss > ema + 0.5:
+            elif num > BASELINE_LOGS and ema and loss > 3.0 * ema and loss > ema + 0.5:  # a spike opens
                 spike_at, spike_value, spike_age = step, loss, 0
             else:
                 ema = loss if ema is None else 0.8 * ema + 0.2 * loss
-            # How many non-zero losses ago the last RECUR_LOGS of them were seen before (None: new, or uniform).
+            # How many non-zero losses ago the last RECUR_LOGS (six slots) came before (None: new or uniform).
             recurs = None
             if loss != 0.0:
                 nonzero += 1
@@ -155,11 +157,13 @@ class RankProfile:
                 marks[index] = TrendMark(num, loss, (repeat_value, repeat_streak, repeat_since),
                                          reference if valid else None, high, (high_run, high_since),
                                          (far_run, far_since), spike, recurs)
-        for name, value in zip(self._RUN_STATE, (
-                num, baseline_sum, baseline, minimum, ema, grad_sum, grad_num, repeat_value, repeat_streak,
-                repeat_since, high_run, high_since, far_run, far_since, spike_at, spike_value, spike_age, tiny_since,
-                tiny_grads, nonzero, window[RECUR_LOGS - filled:]), strict=True):
-            setattr(self, name, value)
+        self.num, self.baseline_sum, self.baseline, self.minimum = num, baseline_sum, baseline, minimum
+        self.ema, self.grad_sum, self.grad_num, self.nonzero = ema, grad_sum, grad_num, nonzero
+        self.repeat_value, self.repeat_streak, self.repeat_since = repeat_value, repeat_streak, repeat_since
+        self.high_run, self.high_since, self.far_run = high_run, high_since, far_run
+        self.far_since, self.spike_at, self.spike_value = far_since, spike_at, spike_value
+        self.spike_age = spike_age
+        self.tiny_since, self.tiny_grads, self.window = tiny_since, tiny_grads, window[RECUR_LOGS - filled:]
         return marks
 
     def _head(self, loss: float, step: int | None, tiny: float | None,
