@@ -129,9 +129,9 @@ class RankProfile:
             if high:
                 high_run, high_since, far_run, far_since = _high(loss, reference, step, high_run, high_since,
                                                                  far_run, far_since)
-            else:
+            elif high_run:  # far_run is 0 whenever high_run is
                 high_run = far_run = 0
-            spike = None
+            spike = recurs = None
             if spike_at is not None:
                 spike, spike_at, spike_age = _spike_window(loss, ema, spike_at, spike_value, spike_age)
             elif num > BASELINE_LOGS and ema and loss > 3.0 * ema and loss > ema + 0.5:  # a spike opens
@@ -139,11 +139,11 @@ class RankProfile:
             else:
                 ema = loss if ema is None else 0.8 * ema + 0.2 * loss
             # How many non-zero losses ago the last RECUR_LOGS (six slots) came before (None: new or uniform).
-            recurs = None
             if loss != 0.0:
                 nonzero += 1
                 window = (w1, w2, w3, w4, w5, loss)
-                filled += filled < RECUR_LOGS
+                if filled < RECUR_LOGS:
+                    filled += 1
                 distinct = (w1 != w2 and w2 != w3 and w1 != w3) or len(set(window)) >= _RECUR_DISTINCT
                 if filled == RECUR_LOGS and distinct:  # the first time a window was seen is what counts
                     earlier = windows.setdefault(window, nonzero) if len(windows) < _RECUR_REMEMBER else \
