@@ -45,19 +45,19 @@ class Detector:
 
     spared_when: dict[str, ColumnTest] | None = None
     """{signal: column test}: a plain train record is spared (not routed to `observe`) when, for every signal
-    named here that it carries, the test passes. A spared record must change nothing the detector reports;
-    what the detector must know of spared records it reads from `shared` (their counts and last values,
-    the loss profile). None: no record is spared."""
+    named here that it carries, the test passes. A spared record must change nothing the detector reports,
+    and the detector never infers what one would have done: what it may know of spared records it reads
+    from `self.counts` (their counts and last values) and `self.profile`. None: no record is spared."""
 
     spared_when_changes: bool = False
     """`spared_when` depends on the detector's state (a property). The engine re-reads it after each record
     it routes to the detector (a spared record changes no state, so nothing else can change it). A detector
-    that must see every record while some run of its own is open (a streak, a pending value) declares this
-    and spares nothing that could end the run meanwhile."""
+    with a run of its own open (logs in a row, a value waiting for the next log) declares this and, while
+    the run is open, spares no record that could end it."""
 
     reads_profile: bool = False
     """The detector is also routed the train records the loss profile marks (core/profile.py), and reads
-    what the profile held there in `shared.profile.mark`."""
+    what the profile held there in `self.profile.mark` (a TrendMark)."""
 
     def __init__(self) -> None:
         # Alone (unit use) nothing advances these; the engine binds its own. Plain attributes, not a
