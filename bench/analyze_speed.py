@@ -105,6 +105,31 @@ def parse_only_s(path: Path) -> tuple[float, int]:
     return time.perf_counter() - start, count
 
 
+def handover_s(path: Path) -> float:
+    """Seconds for Python to take grep's lines one by one and do nothing with them: the least any per-line
+    parser in this interpreter pays."""
+    from lossguard.sources.scan import iter_grep_lines
+
+    start = time.perf_counter()
+    for _ in iter_grep_lines(path):
+        pass
+    return time.perf_counter() - start
+
+
+def engine_only_s(path: Path) -> float:
+    """Seconds for the detectors alone over the log's records, parsed beforehand."""
+    from lossguard.core.engine import Engine
+    from lossguard.detectors import make_detectors
+    from lossguard.sources import discover, records
+
+    parsed = list(records(discover([str(path)])))
+    start = time.perf_counter()
+    engine = Engine(make_detectors())
+    engine.feed_all(parsed)
+    engine.finish()
+    return time.perf_counter() - start
+
+
 def _child_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     # An installed package has its bytecode compiled (pip does it); a sandbox that sets
@@ -182,6 +207,12 @@ def main() -> None:
         for name, path in (("bench log", log), ("dense log", dense)):
             parse_s, count = min(parse_only_s(path) for _ in range(args.repeat))
             print(f"parse only ({name}, in-process, no detectors): {parse_s:.3f} s, {count:,} records")
+        for name, path, base in (("bench log", log, grep_s), ("dense log", dense, dense_grep_s)):
+            hand = min(handover_s(path) for _ in range(args.repeat))
+            engine = min(engine_only_s(path) for _ in range(args.repeat))
+            print(f"python floor ({name}): grep's lines handed to Python, nothing done {hand:.3f} s "
+                  f"({hand / base:.2f}x grep -c); the detectors alone over its records {engine:.3f} s "
+                  f"({engine / base:.2f}x)")
         print(f"peak RSS: {rss_1} MiB at {args.lines:,} lines, {rss_4} MiB at {4 * args.lines:,} lines")
 
 

@@ -1,7 +1,7 @@
-"""The engine's batch path (`feed_all`: detectors' `calm` tests route only the records that concern them)
+"""The engine's batch path (`feed_all`: detectors' `spared_when` tests route only the records that concern them)
 must give exactly what feeding the records one by one to every detector gives: the same findings in the
 same order, the same stats, series and onset window. Findings are compared, never a detector's private
-state: skipping calm records is allowed to leave different bookkeeping as long as it reports the same.
+state: sparing records is allowed to leave different bookkeeping as long as it reports the same.
 
 Streams: every committed fixture, the speed bench's log, and random runs with faults injected at random
 places (zeros, NaN/Inf, sentinels, LR 0, skipped steps, spikes, plateaus, decays, several ranks, evals,
@@ -208,7 +208,7 @@ def test_every_builtin_detector_takes_the_fast_path_on_a_healthy_run():
     declined = collections.Counter()
     engine = Engine(make_detectors())
     for detector in engine.detectors:
-        if getattr(detector, "calm", None) is not None:  # routed nothing: its observe must not run
+        if detector.spared_when is not None:  # routed nothing: its observe must not run
 
             def refuse(record, code=detector.code):
                 if record.kind == TRAIN:  # evals and events are fed one by one, not batched
@@ -222,9 +222,9 @@ def test_every_builtin_detector_takes_the_fast_path_on_a_healthy_run():
     assert not declined, declined
     from lossguard.core.signals import SIGNALS  # event-only detectors never see a batch
 
-    # After a healthy run: a detector's calm may depend on its state (SCALE001 reads every record until
-    # training has started, and while a run of skips is open).
-    missing = [d.code for d in engine.detectors if getattr(d, "calm", None) is None
+    # After a healthy run: a detector's spared_when may depend on its state (SCALE001 reads every record
+    # until training has started, and while a run of skips is open).
+    missing = [d.code for d in engine.detectors if d.spared_when is None
                and d.code != "RANK001"
                and not d.wants.isdisjoint(SIGNALS)]
     assert not missing, f"detectors without a fast path: {missing}"

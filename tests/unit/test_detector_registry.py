@@ -110,10 +110,11 @@ def test_event_helper_is_an_event():
 def test_wants_name_only_catalog_signals_or_known_events():
     from lossguard.core.signals import SIGNALS
     from lossguard.sources.patterns import EVENT_PATTERNS
+    from lossguard.sources.readers.guard_lines import EVENTS as GUARD_EVENTS
 
-    events = {name for name, _ in EVENT_PATTERNS} | {"no-grad", "trainable-not-in-optimizer", "facts"}
+    events = {name for name, _ in EVENT_PATTERNS} | {"no-grad", "trainable-not-in-optimizer", "facts", *GUARD_EVENTS}
     for factory in FACTORIES:
-        wants = getattr(factory(), "wants", None)
+        wants = factory().wants
         if wants is not None:
             assert wants <= set(SIGNALS) | events, (factory, wants - set(SIGNALS) - events)
 

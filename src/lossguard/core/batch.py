@@ -3,8 +3,9 @@
 A million-line log holds tens of thousands of train logs in which nothing happens: finite losses,
 moving learning rates, no events. Feeding them one at a time through thirteen detectors costs ~10 µs
 each. `Engine.feed_all` instead builds a `Batch` of consecutive records (one rank, train records with
-numbers only) and evaluates each detector's declarative `calm` tests on its columns (core/calm.py); the
-loss profile (core/profile.py) and the signal counts take the same columns. Only the records that fail
+numbers only) and evaluates each detector's declarative `spared_when` tests on its columns
+(core/detector.py); the loss profile (core/profile.py) and the signal counts take the same columns. Only
+the records that fail
 a detector's tests, or that the profile marks, reach `observe`, the one implementation of every rule;
 tests hold both paths to the same findings on every fixture.
 """

@@ -11,11 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lossguard.core.batch import Batch
-from lossguard.core.calm import SignalCounts
-from lossguard.core.detector import Detector
+from lossguard.core.detector import Detector, Plain, Shared
 from lossguard.core.facts import RunFacts
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.profile import LossProfile
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.series import SeriesBook
 
@@ -23,8 +21,8 @@ from lossguard.core.series import SeriesBook
 _CONTEXT_BEFORE = 6
 _CONTEXT_AFTER = 6
 _MAX_FINDINGS = 500  # per code; a dead run can raise one finding per step for a million steps
-# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one calm
-# test per detector and signal) is noise.
+# Records per batch on `feed_all`'s fast path: big enough that the per-batch work (columns, one column
+# test per detector and signal of its `spared_when`) is noise.
 _BATCH = 512
 
 
@@ -52,14 +50,15 @@ class EngineResult:
 
 
 class Engine:
-    def __init__(self, detectors: list[Detector], facts: RunFacts | None = None) -> None:
-        # Handed in (lossguard.detectors.make_detectors() for the built-ins): core imports no detector.
-        self.detectors = list(detectors)
-        self.counts = SignalCounts()  # what detectors with `calm` read about the records they skip
-        self.profile = LossProfile()  # what the loss-trend detectors read (core/profile.py)
+    def __init__(self, detectors: list, facts: RunFacts | None = None) -> None:
+        # Handed in (lossguard.detectors.make_detectors() for the built-ins): core imports no detector. One
+        # that does not derive from Detector (a plugin's observe / finish) runs with every default.
+        self.detectors: list[Detector] = [d if isinstance(d, Detector) else Plain(d) for d in detectors]
+        # Signal counts and the loss profile (core/detector.py `Shared`), advanced on every train record.
+        self.shared = Shared()
+        self.counts, self.profile = self.shared.counts, self.shared.profile
         for detector in self.detectors:
-            if (bind := getattr(detector, "bind", None)) is not None:
-                bind(self.counts, self.profile)
+            detector.bind(self.shared)
         self.facts = facts or RunFacts()
         self.stats = Stats()
         self.series = SeriesBook()
@@ -71,21 +70,22 @@ class Engine:
         self._after_left = _CONTEXT_AFTER
         self._broken: set[str] = set()
         # (signal names, event) -> the detectors that want such a record; see `_route`.
-        self._routes: dict[tuple, list[Detector]] = {}
-        # Detectors whose `calm` is a property of their state: re-read after each record they observe.
-        self._moody_detectors = [d for d in self.detectors if isinstance(getattr(type(d), "calm", None), property)]
-        self._moody = {id(d) for d in self._moody_detectors}
+        self._routes: dict[tuple, list[tuple[Detector, int]]] = {}
+        # Detectors whose `spared_when` changes with their state (id -> detector): re-read after each record
+        # they observe.
+        self._changing = {id(d): d for d in self.detectors if d.spared_when_changes}
+        self._changing_ids = frozenset(self._changing)
         self._started = False
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, record: Record) -> list[Finding]:
         self._start()
         self._account([record])
-        self.profile.reading = None
+        self.profile.mark = None
         if record.kind == TRAIN:
             columns = {name: [value] for name, value in record.signals.items()}
             self.counts.advance(record.rank, columns, 0, 1)
-            self.profile.reading = self.profile.advance(record.rank, columns, [record.step], 0, 1).get(0)
+            self.profile.mark = self.profile.advance(record.rank, columns, [record.step], 0, 1).get(0)
         new = self._observe(record)
         if not (record.kind == EVENT and record.event == "facts"):
             self._keep([record], new)
@@ -94,8 +94,8 @@ class Engine:
     def _observe(self, record: Record, only: set[int] | None = None) -> list[Finding]:
         """Every routed detector (or those whose id is in `only`) observes the record."""
         new: list[Finding] = []
-        for detector in self._route(record):
-            if detector.code in self._broken or (only is not None and id(detector) not in only):
+        for detector, key in self._route(record):
+            if (only is not None and key not in only) or detector.code in self._broken:
                 continue
             try:
                 new.extend(detector.observe(record))
@@ -103,15 +103,15 @@ class Engine:
                 new.append(self._internal_error(detector, exc))
         return new
 
-    def _route(self, record: Record) -> list[Detector]:
+    def _route(self, record: Record) -> list[tuple[Detector, int]]:
         """Detectors that declare `wants` (signal and event names) see only matching records: a big
-        log's `step=` lines then cost two detector calls, not thirteen."""
+        log's `step=` lines then cost two detector calls, not thirteen. With each its id, which the batch
+        path routes by (an id() call per detector and record was a tenth of the engine on a dead log)."""
         key = (tuple(record.signals), record.event)
         route = self._routes.get(key)
         if route is None:
             names = set(record.signals) | {record.event}
-            route = [d for d in self.detectors
-                     if getattr(d, "wants", None) is None or names & d.wants]
+            route = [(d, id(d)) for d in self.detectors if d.wants is None or names & d.wants]
             if len(self._routes) < 1024:
                 self._routes[key] = route
         return route
@@ -150,43 +150,44 @@ class Engine:
         batch = Batch(records)
         self._account(records, batch.steps, batch.columns)
         routed, used = self._route_batch(batch)
-        readings = self.profile.advance(batch.rank, batch.columns, batch.steps, 0, len(records))
-        if readings:  # records the loss profile marked go to the detectors that read it
-            readers = {id(d) for d in self.detectors if getattr(d, "reads_profile", False)}
-            for index in readings:
+        marks = self.profile.advance(batch.rank, batch.columns, batch.steps, 0, len(records))
+        if marks:  # records the loss profile marked go to the detectors that read it
+            readers = {id(d) for d in self.detectors if d.reads_profile}
+            for index in marks:
                 routed.setdefault(index, set()).update(readers)
         done = 0
         pending = collections.deque(sorted(routed))
         while pending:  # in order, each record to the detectors it concerns
             index = pending.popleft()
             self.counts.advance(batch.rank, batch.columns, done, index + 1)
-            self.profile.reading = readings.get(index)
+            self.profile.mark = marks.get(index)
             record = records[index]
             new = self._observe(record, only=routed[index])
             self._keep(records[done:index + 1], new)
             if (kept := self._collect(new)) and on_findings is not None:
                 on_findings(record, kept)
             done = index + 1
-            if self._moody and routed[index] & self._moody:
-                pending = self._reroute(batch, routed, used, index, pending)
+            if self._changing_ids and (changing := routed[index] & self._changing_ids):
+                pending = self._reroute(batch, routed, used, index, pending, changing)
         self.counts.advance(batch.rank, batch.columns, done, len(records))
         self._keep(records[done:])
 
     def _route_batch(self, batch: Batch) -> tuple[dict[int, set[int]], dict[int, dict | None]]:
-        """Record index -> ids of the detectors that must observe it: a detector with `calm` (core/calm.py)
-        gets the records that fail one of its tests; one without, every record. Also the `calm` each
-        detector was routed by (id -> calm)."""
+        """Record index -> ids of the detectors that must observe it: a detector with `spared_when`
+        (core/detector.py) gets the records that fail one of its tests; one without, every record. Also the
+        `spared_when` each detector was routed by (id -> it)."""
         names = batch.columns.keys()
         routed: dict[int, set[int]] = {}
         used: dict[int, dict | None] = {}
         failing: dict[tuple, set[int]] = {}  # (signal, test) -> its records that fail it: detectors share tests
         for detector in self.detectors:
-            wants = getattr(detector, "wants", None)
+            wants = detector.wants
             if detector.code in self._broken or (wants is not None and names.isdisjoint(wants)):
                 continue
-            calm = used[id(detector)] = getattr(detector, "calm", None)
+            spared = used[id(detector)] = detector.spared_when
             try:
-                indices = range(len(batch.records)) if calm is None else _not_calm(calm, batch.columns, failing)
+                indices = range(len(batch.records)) if spared is None else \
+                    _not_spared(spared, batch.columns, failing)
             except Exception as exc:  # as in `feed`: reported once, the detector switched off
                 self._collect([self._internal_error(detector, exc)])
                 continue
@@ -194,26 +195,30 @@ class Engine:
                 routed.setdefault(index, set()).add(id(detector))
         return routed, used
 
-    def _reroute(self, batch: Batch, routed: dict, used: dict, index: int, pending: collections.deque):
-        """A detector whose `calm` depends on its state (a property) may change it on a record it was
-        handed; calm records change no state, so until then the routing held. From the next record on, it
-        gets every record that fails its new `calm` (records already routed to it stay: observing a calm
-        record changes nothing). Returns the records left to visit."""
-        added: set[int] = set()
-        for detector in self._moody_detectors:
-            key = id(detector)
-            if key not in routed[index]:
+    def _reroute(self, batch: Batch, routed: dict, used: dict, index: int, pending: collections.deque,
+                 changing: set[int]):
+        """A detector whose `spared_when` changes with its state may change it on a record it was handed;
+        spared records change no state, so until then the routing held. From the next record on, it gets
+        exactly the records that fail its new `spared_when` (and the profile's marks if it reads them): a run
+        that opens and closes again costs it one record, not the rest of the batch. `changing`: the ids of
+        such detectors that observed record `index`. Returns the records left to visit."""
+        rerouted = False
+        for key in changing:
+            detector = self._changing[key]
+            spared = detector.spared_when
+            if spared is used.get(key):
                 continue
-            calm = detector.calm
-            if calm is used[key]:
-                continue
-            used[key] = calm
-            rest = range(index + 1, len(batch.records))
-            fails = rest if calm is None else [i for i in sorted(_not_calm(calm, batch.columns, {})) if i > index]
-            for later in fails:
-                routed.setdefault(later, set()).add(key)
-                added.add(later)
-        return collections.deque(sorted(added.union(pending))) if added else pending
+            used[key] = spared
+            rerouted = True
+            fails = None if spared is None else _not_spared(spared, batch.columns, {})
+            for later in range(index + 1, len(batch.records)):
+                if fails is None or later in fails:
+                    routed.setdefault(later, set()).add(key)
+                elif later in routed and not detector.reads_profile:
+                    routed[later].discard(key)
+        if not rerouted:
+            return pending
+        return collections.deque(sorted(i for i, ids in routed.items() if i > index and ids))
 
     def finish(self) -> EngineResult:
         new: list[Finding] = []
@@ -322,12 +327,12 @@ class Engine:
         )
 
 
-def _not_calm(calm: dict, columns: dict[str, list], failing: dict[tuple, set[int]]) -> set[int]:
-    """Indices of the records that fail some test of a detector's `calm`: one C-speed call per signal
+def _not_spared(spared: dict, columns: dict[str, list], failing: dict[tuple, set[int]]) -> set[int]:
+    """Indices of the records that fail some test of a detector's `spared_when`: one C-speed call per signal
     clears a whole column; only a column that fails is looked at value by value, once per batch for each
     (signal, test) pair (`failing` holds them: several detectors test the loss for a zero)."""
     indices: set[int] = set()
-    for name, test in calm.items():
+    for name, test in spared.items():
         column = columns.get(name)
         if column is None:
             continue

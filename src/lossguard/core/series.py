@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lossguard.core.calm import finite
+from lossguard.core.column_tests import finite
 
 
 @dataclass(slots=True)

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from lossguard.core.calm import SignalCounts
+from lossguard.core.detector import Detector
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.profile import LossProfile
 
 S = TypeVar("S")
 
@@ -79,38 +78,57 @@ def any_sentinel(values: list[float]) -> bool:
 
 
 def no_sentinel(column: list) -> bool:
-    """A `calm` test (core/calm.py): no value of the column (None allowed) is a sentinel."""
+    """A column test for `spared_when` (core/column_tests.py): no value of the column (None allowed) is a
+    sentinel."""
     return not any_sentinel([v for v in column if v is not None])
 
 
 @dataclass(slots=True)
 class Streak:
-    """How many records in a row a condition has held, and the step where the run of them began.
-
-    With `seq` (the record's `SignalCounts.seq`, core/calm.py), a record that does not follow the last
-    one seen (calm records the engine did not route came between) starts over: one definition of "in
-    a row" whether or not the calm records were observed."""
+    """How many records in a row a condition has held, and the step where the run of them began. "In a
+    row" is over the records the detector observes: one that keeps a streak must not be spared a record
+    that could end it while the run is open (core/detector.py `spared_when_changes`; `Streaks.open`)."""
 
     count: int = 0
     since: int | None = None
-    last_seq: int | None = None
-    first_seq: int | None = None  # the seq where the current run began
 
-    def follow(self, seq: int | None) -> None:
-        """A record seen that neither continues nor ends the run: the next one still follows it."""
-        if seq is not None and self.last_seq is not None and seq != self.last_seq + 1:
-            self.count = 0
-        self.last_seq = seq
-
-    def update(self, holds: bool, step: int | None, seq: int | None = None) -> int:
-        self.follow(seq)
+    def update(self, holds: bool, step: int | None) -> int:
         if not holds:
             self.count = 0
         else:
             if self.count == 0:
-                self.since, self.first_seq = step, seq
+                self.since = step
             self.count += 1
         return self.count
+
+
+class Streaks:
+    """A Streak per rank (None = the run-level log), and the ranks whose run is open: while any is, the
+    detector spares no record that could end it."""
+
+    __slots__ = ("_runs", "open")
+
+    def __init__(self) -> None:
+        self._runs: dict[int | None, Streak] = {}
+        self.open: set[int | None] = set()
+
+    def update(self, rank: int | None, holds: bool, step: int | None) -> Streak:
+        run = self._runs.get(rank)
+        if run is None:
+            run = self._runs[rank] = Streak()
+        if run.update(holds, step):
+            self.open.add(rank)
+        else:
+            self.open.discard(rank)
+        return run
+
+    def end(self, rank: int | None) -> None:
+        """A record that does not continue the rank's run (whatever its condition) ends it."""
+        if rank in self.open:
+            self.update(rank, False, None)
+
+    def items(self):
+        return self._runs.items()
 
 
 class PerRank(Generic[S]):
@@ -127,8 +145,7 @@ class PerRank(Generic[S]):
         return state
 
     def peek(self, rank: int | None) -> S | None:
-        """The rank's state if it has one, without creating it (the batch path must not leave state that
-        one-by-one feeding would not have)."""
+        """The rank's state if it has one, without creating it."""
         return self._states.get(rank)
 
     def put(self, rank: int | None, state: S) -> None:
@@ -138,25 +155,15 @@ class PerRank(Generic[S]):
         return self._states.items()
 
 
-class DetectorBase:
+class DetectorBase(Detector):
     """Emits one finding at the onset (the first time its condition holds), then counts."""
 
-    code = "?"
-    name = "?"
-    signature: str | None = None
     severity = Severity.ERROR
 
     def __init__(self) -> None:
+        super().__init__()
         self.fired: Finding | None = None
         self.count = 0
-        # The engine binds its own; alone (unit use) nothing advances them: every seq reads 0, no profile.
-        self.counts = SignalCounts()
-        self.profile = LossProfile()
-
-    def bind(self, counts: SignalCounts, profile: LossProfile | None = None) -> None:
-        self.counts = counts
-        if profile is not None:
-            self.profile = profile
 
     def emit(self, message: str, step: int | None, rank: int | None = None, *,
              severity: Severity | None = None, signature: str | None = None, **data) -> list[Finding]:

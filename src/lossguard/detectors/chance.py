@@ -51,7 +51,7 @@ class LossAtChance(DetectorBase):
     so no train record is routed here."""
 
     wants = frozenset({"eval_loss"})
-    calm: dict = {}  # evaluations are never batched; no train record is of interest
+    spared_when: dict = {}  # evaluations are never batched; no train record is of interest
     code = "LOSS010"
     name = "loss.at-chance"
     signature = "not-learning"

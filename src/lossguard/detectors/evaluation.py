@@ -41,7 +41,7 @@ class Overfitting(DetectorBase):
 
     # Train records are not routed here: the latest train loss comes from the engine's signal counts.
     wants = frozenset({"eval_loss"})
-    calm: dict = {}  # evaluations are never batched; no train record is of interest
+    spared_when: dict = {}  # evaluations are never batched; no train record is of interest
     code = "EVAL001"
     name = "eval.overfitting"
     signature = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lossguard.core.calm import absent, finite, finite_nonzero
+from lossguard.core.column_tests import absent, finite, finite_nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite, is_rl, no_sentinel, sentinel_index
@@ -20,6 +20,15 @@ _NORMAL_LOSS = 0.05
 _PERSISTENT = 3
 # A loss this many times the previous one, next to a non-finite norm: the step blew up, it was not skipped.
 _JUMP = 10.0
+# LOSS002's: a finite non-zero loss (no raw loss); while a run of zeros is open, no record with a loss.
+_ZEROS_SPARED = {"loss": finite_nonzero, "raw_loss": absent}
+_ZEROS_OPEN = {"loss": absent, "raw_loss": absent}
+# GRAD001's: no sentinel; while a run of one is open, no grad norm.
+_NO_SENTINEL = {"grad_norm": no_sentinel}
+_EVERY_GRAD = {"grad_norm": absent}
+# LOSS001's `spared_when`: nothing non-finite and no zero loss; while a norm waits, no grad norm at all.
+_SPARED = {"raw_loss": finite, "loss": finite_nonzero, "eval_loss": finite, "grad_norm": finite}
+_WAITING = {**_SPARED, "grad_norm": absent}
 
 
 @register
@@ -37,8 +46,7 @@ class NonFiniteLoss(DetectorBase):
     by a skip) is reported at the end, as a warning: such a log is never healthy."""
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
-    # Nothing non-finite and no zero loss (what would confirm a pending non-finite norm): nothing to judge.
-    calm = {"raw_loss": finite, "loss": finite_nonzero, "eval_loss": finite, "grad_norm": finite}
+    spared_when_changes = True  # while a non-finite norm waits for the next log (`spared_when`)
     code = "LOSS001"
     name = "loss.nonfinite"
     signature = "nonfinite"
@@ -47,8 +55,8 @@ class NonFiniteLoss(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._fp16_skip_until: int | None = None  # an fp16 overflow skip explains an inf grad norm
-        # rank -> [step, grad, grad seq, count, frozen LR]: non-finite norms next to a finite loss, waiting
-        # for the next log
+        # rank -> [step, grad, count, frozen LR]: non-finite norms next to a finite loss, waiting for the next
+        # log
         self._pending: dict[int | None, list] = {}
         self._may_skip = True  # unless the facts rule it out, an inf norm may be a skipped fp16 step
         # Non-finite norms let pass as possible skips although the log shows no sign of skipping (the LR moved
@@ -56,6 +64,12 @@ class NonFiniteLoss(DetectorBase):
         # warns about them if nothing fired.
         self._let_pass: list | None = None
         self._skips_seen = False  # the log shows skipping (fp16, OVERFLOW lines, an LR held by skips)
+
+    @property
+    def spared_when(self) -> dict:
+        """Nothing non-finite and no zero loss (what would confirm a pending non-finite norm): nothing to
+        judge; while a norm is pending, no record with a grad norm either (a finite one ends the wait)."""
+        return _WAITING if self._pending else _SPARED
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -69,7 +83,6 @@ class NonFiniteLoss(DetectorBase):
             elif record.event == "facts" and record.data.get("fp16"):
                 self._skips_seen = True
             return []
-        self._drop_stale(record)
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
             value = record.signals.get(name)
@@ -79,24 +92,19 @@ class NonFiniteLoss(DetectorBase):
         if record.kind != TRAIN:
             return []
         grad, loss = record.signals.get("grad_norm"), record.signals.get("loss")
-        grad_seq = self.counts.seq(record.rank, "grad_norm")
         pending = self._pending.get(record.rank)
         if is_nonfinite(grad) and not skipped:
             if loss is not None and loss != 0.0 and self._may_skip:
-                return self._maybe_skipped(record, grad, loss, grad_seq, pending)
+                return self._maybe_skipped(record, grad, loss, pending)
             beside = "" if pending is None or loss is None else f" beside a loss of {loss}"
             return self._fire(record, f"gradient norm is {grad}{beside}", "grad_norm", grad)
         if pending is not None and loss is not None and (loss == 0.0 or is_nonfinite(loss)):
             return self._fire(record, f"the loss is {loss}", "grad_norm", pending[1])
-        if pending is not None and grad is not None:
-            if is_nonfinite(grad):
-                pending[2] = grad_seq
-            else:
-                del self._pending[record.rank]
+        if pending is not None and grad is not None and not is_nonfinite(grad):
+            del self._pending[record.rank]  # a finite norm: the wait is over
         return []
 
-    def _maybe_skipped(self, record: Record, grad: float, loss: float, grad_seq: int,
-                       pending: list | None) -> list[Finding]:
+    def _maybe_skipped(self, record: Record, grad: float, loss: float, pending: list | None) -> list[Finding]:
         """A non-finite norm next to a live loss: maybe an fp16 skip, unless it persists or the loss blew up."""
         before = self.counts.previous(record.rank, "loss")
         if before is not None and 0.0 < before < math.inf and not is_nonfinite(loss) and loss >= _JUMP * before:
@@ -109,20 +117,20 @@ class NonFiniteLoss(DetectorBase):
             lr_before, lr_earlier = self.counts.previous(record.rank, "lr"), self.counts.earlier(record.rank, "lr")
             moving = lr_earlier is not None and lr_before != lr_earlier
             frozen = lr if lr is not None and lr == lr_before and moving else None
-            pending = self._pending[record.rank] = [record.step, grad, grad_seq, 0, frozen]
+            pending = self._pending[record.rank] = [record.step, grad, 0, frozen]
         # A skipped step does not step the scheduler: a log whose LR is still 0, or frozen where a moving
         # schedule was, is what skipping looks like (transformers 5 + DeepSpeed print no OVERFLOW line for
         # it). Other logs count towards "persistent", and are warned about at the end if they stay isolated.
-        moved = lr is None or (lr != 0.0 and lr != pending[4])
+        moved = lr is None or (lr != 0.0 and lr != pending[3])
         if not moved:
             self._skips_seen = True
         else:
             if self._let_pass is None:
                 self._let_pass = [record.step, grad, record.rank, 0]
             self._let_pass[3] += 1
-        pending[2], pending[3] = grad_seq, pending[3] + moved
-        if pending[3] >= _PERSISTENT:
-            return self._fire(record, f"gradient norm is {pending[1]} in {pending[3]} logs in a row from step "
+        pending[2] += moved
+        if pending[2] >= _PERSISTENT:
+            return self._fire(record, f"gradient norm is {pending[1]} in {pending[2]} logs in a row from step "
                                       f"{pending[0]}: not an isolated skipped step", "grad_norm", pending[1],
                               complete=True)
         return []  # maybe an fp16 skip (a streak of them while the scale calibrates): wait for the next log
@@ -138,16 +146,6 @@ class NonFiniteLoss(DetectorBase):
             "no skipping (no OVERFLOW line, no loss-scale drop, the LR moved on). Check the run's skipped-step "
             "count; under bf16 without check_grad_overflow such a step makes the weights NaN", step, rank,
             severity=Severity.WARNING, signal="grad_norm", value=str(grad), on_eval=0, loss_finite=1)
-
-    def _drop_stale(self, record: Record) -> None:
-        """A grad norm came between the pending one and this record that the engine did not route: a
-        finite one, which ends the wait as `observe` would have."""
-        pending = self._pending.get(record.rank)
-        if pending is None:
-            return
-        here = record.kind == TRAIN and record.signals.get("grad_norm") is not None
-        if self.counts.seq(record.rank, "grad_norm") - here > pending[2]:
-            del self._pending[record.rank]
 
     def _fire(self, record: Record, what: str, signal: str, value: float, *, complete: bool = False,
               **data) -> list[Finding]:
@@ -188,9 +186,8 @@ class _ZeroState:
     last_finite: float | None = None
     zero_since: int | None = None
     zero_streak: int = 0
-    corroborated: str | None = None
-    seq: int = 0  # the loss log (SignalCounts.seq) this state is up to
     lr_frozen: bool = False  # the first zero came with the LR of the log before: a skipped step
+    raw_at: int | None = None  # the loss count (SignalCounts.seq) of the latest record with a raw loss
 
 
 @register
@@ -200,8 +197,7 @@ class HiddenNonFinite(DetectorBase):
     else by a streak of exact zeros."""
 
     wants = frozenset({"loss", "eval_loss"})
-    # A finite, non-zero loss only becomes `last_finite` (read back with `_catch_up`); raw losses are rare.
-    calm = {"loss": finite_nonzero, "raw_loss": absent}
+    spared_when_changes = True  # while a run of zeros is open (`spared_when`)
     code = "LOSS002"
     name = "loss.nan-filter-zero"
     signature = "nonfinite-hidden"
@@ -210,11 +206,18 @@ class HiddenNonFinite(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._state = PerRank(_ZeroState)
+        self._open: set[int | None] = set()  # ranks with a run of zeros open
+
+    @property
+    def spared_when(self) -> dict:
+        """A finite, non-zero loss (no raw loss: those are rare) only becomes the last finite loss, which
+        `observe` reads from the engine's counts at the next record it sees; while a run of zeros is open,
+        every loss (the first finite one ends the run)."""
+        return _ZEROS_OPEN if self._open else _ZEROS_SPARED
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVAL and is_nonfinite(record.signals.get("eval_loss")):
             for rank, state in self._state.items():
-                self._catch_up(state, rank, self.counts.seq(rank, "loss"))
                 if state.zero_since is not None:
                     return self._fire(state, rank, "eval_loss is NaN while the training loss shows 0.0")
             return []
@@ -222,14 +225,19 @@ class HiddenNonFinite(DetectorBase):
         if record.kind != TRAIN or loss is None:
             return []
         state = self._state[record.rank]
-        self._catch_up(state, record.rank, self.counts.seq(record.rank, "loss") - 1)
-        state.seq = self.counts.seq(record.rank, "loss")
+        seq = self.counts.seq(record.rank, "loss")
+        # The loss logged before this one, when the engine spared it us: the latest finite loss.
+        before = self.counts.previous(record.rank, "loss")
+        if before is not None and before != 0.0 and not is_nonfinite(before) and seq - 1 != state.raw_at:
+            state.last_finite = before
         if record.signals.get("raw_loss") is not None:
+            state.raw_at = seq
             return []  # live records carry the raw loss (LOSS001 sees the NaN)
         if loss != 0.0:
             if is_nonfinite(loss):
                 return []
             state.last_finite, state.zero_since, state.zero_streak = loss, None, 0
+            self._open.discard(record.rank)
             return []
         if is_rl(record):
             return []  # an RL trainer's loss (GRPO's beta x KL) is legitimately 0.0
@@ -237,6 +245,7 @@ class HiddenNonFinite(DetectorBase):
             return []  # zero from the first log, or after a smooth decay: other detectors judge
         if state.zero_since is None:
             state.zero_since = record.step
+            self._open.add(record.rank)
             lr = record.signals.get("lr")
             state.lr_frozen = lr is not None and lr != 0.0 and lr == self.counts.previous(record.rank, "lr")
         state.zero_streak += 1
@@ -253,7 +262,6 @@ class HiddenNonFinite(DetectorBase):
     def finish(self) -> list[Finding]:
         super().finish()
         for rank, state in list(self._state.items()):
-            self._catch_up(state, rank, self.counts.seq(rank, "loss"))
             if self.fired is None and state.zero_since is not None:
                 # Too few zeros to prove the filter artefact, but no loss falls from a normal value to
                 # exactly 0 in one log by learning: dead either way, which kind the log cannot tell.
@@ -265,15 +273,6 @@ class HiddenNonFinite(DetectorBase):
                     state.zero_since, rank, severity=Severity.ERROR, signature="zero-loss",
                     previous_loss=state.last_finite, lr_frozen=int(state.lr_frozen))
         return []
-
-    def _catch_up(self, state: _ZeroState, rank: int | None, upto: int) -> None:
-        """Loss logs up to `upto` that the engine did not route were calm (finite, non-zero, no raw loss):
-        the last of them is the last finite loss, as if observed."""
-        if upto > state.seq:
-            value = self.counts.last(rank, "loss") if upto == self.counts.seq(rank, "loss") else \
-                self.counts.previous(rank, "loss")
-            state.last_finite, state.zero_since, state.zero_streak = value, None, 0
-            state.seq = upto
 
     def _fire(self, state: _ZeroState, rank: int | None, why: str, **data) -> list[Finding]:
         if self.fired is not None:
@@ -290,7 +289,6 @@ class _SentinelState:
     value: float | None = None
     streak: int = 0
     since: int | None = None
-    seq: int = 0
     first_loss: float | None = None  # the loss logged with the first norm of the run
     loss_moved: bool = False  # the loss changed during the run: the weights are alive
 
@@ -301,7 +299,7 @@ class GradNormSentinel(DetectorBase):
     non-finite gradients in ZeRO-1/2 (-1 per param group)."""
 
     wants = frozenset({"grad_norm"})
-    calm = {"grad_norm": no_sentinel}
+    spared_when_changes = True  # while a run of sentinels is open, every grad norm: a non-sentinel ends it
     code = "GRAD001"
     name = "grad.sentinel"
     signature = "nonfinite-hidden"
@@ -311,17 +309,22 @@ class GradNormSentinel(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._state = PerRank(_SentinelState)
+        self._open: set[int | None] = set()  # ranks with a run of sentinels open
+
+    @property
+    def spared_when(self) -> dict:
+        return _EVERY_GRAD if self._open else _NO_SENTINEL
 
     def observe(self, record: Record) -> list[Finding]:
         grad = record.signals.get("grad_norm")
         if record.kind != TRAIN or grad is None:
             return []
         state = self._state[record.rank]
-        seq = self.counts.seq(record.rank, "grad_norm")
-        if seq != state.seq + 1:  # non-sentinel norms the engine did not route came between: the run ended
-            state.value, state.streak, state.since = None, 0, None
-        state.seq = seq
         k = self._track(state, record.step, grad)
+        if state.streak:
+            self._open.add(record.rank)
+        else:
+            self._open.discard(record.rank)
         loss = record.signals.get("loss")
         if k is not None:
             self._follow_loss(state, loss)
@@ -373,7 +376,7 @@ class OtherLossNonFinite(DetectorBase):
     components; `torch.autograd.set_detect_anomaly` on a few steps)."""
 
     wants = frozenset({"other_loss"})
-    calm = {"other_loss": finite}
+    spared_when = {"other_loss": finite}
     code = "LOSS011"
     name = "loss.other-column-nonfinite"
     signature = "nonfinite"

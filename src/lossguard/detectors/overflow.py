@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from lossguard.core.calm import finite, finite_nonzero, nonzero, zero
+from lossguard.core.column_tests import absent, finite, finite_nonzero, nonzero, zero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
 from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
@@ -29,6 +29,8 @@ _FLOOR_SCALE = 1.0  # DeepSpeed's min_loss_scale default: a scale at or under it
 LOWEST_INITIAL_SCALE = 2.0 ** 7
 # A record of this shape changes nothing once training has started and no run of skips is open.
 _QUIET = {"skipped_steps": zero, "loss": finite_nonzero, "raw_loss": finite_nonzero, "grad_norm": finite}
+# LR001: a non-zero LR ends a run of zeros: only the zeros are routed, and every LR while a run is open.
+_LR_NONZERO, _EVERY_LR = {"lr": nonzero}, {"lr": absent}
 
 
 @register
@@ -38,11 +40,12 @@ class OverflowStorm(DetectorBase):
     lines) a learning rate that was moving and froze exactly when the gradient norm went non-finite:
     DeepSpeed steps the scheduler only on applied steps. Until training has started, and while a run of
     skips or of frozen LRs is open, it reads every train record (an applied step ends a run of skips);
-    otherwise it is `calm` about records with no skipped step, a finite non-zero loss and a finite gradient
+    otherwise it is spared records with no skipped step, a finite non-zero loss and a finite gradient
     norm, and reads the LRs and skip counts before a record from the engine's signal counts. Under bf16
     (`check_grad_overflow` skips) the same storm is reported as `nonfinite`."""
 
     wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
+    spared_when_changes = True
     code = "SCALE001"
     name = "scale.overflow-storm"
     signature = "fp16-overflow"
@@ -59,11 +62,12 @@ class OverflowStorm(DetectorBase):
         self.midrun_skips = 0
         self.lowest_scale: float | None = None
         self._bf16: bool | None = None
-        self._frozen = Streak()  # logs with the LR frozen while the gradients are non-finite
+        self._frozen = Streak()  # logs with the LR frozen while the gradients are non-finite (rank 0's or the run's)
+        self._frozen_rank: int | None = None  # the rank whose LR logs the run counts
         self._past_startup_by_scale = False  # start-up was ruled out by a small scale, not by an applied step
 
     @property
-    def calm(self) -> dict | None:
+    def spared_when(self) -> dict | None:
         """Quiet (training started, no run of skips or frozen LRs open): such a record changes nothing here."""
         if self._applied_any and self._streak == 0 and self._frozen.count == 0:
             return _QUIET
@@ -83,7 +87,9 @@ class OverflowStorm(DetectorBase):
             return []
         skipped = record.signals.get("skipped_steps")
         if skipped is not None:
-            before = self.counts.previous(record.rank, "skipped_steps")  # the calm records' counts too
+            if record.signals.get("lr") is not None:
+                self._frozen.update(False, record.step)  # an LR log the frozen-LR test does not read ends its run
+            before = self.counts.previous(record.rank, "skipped_steps")  # the spared records' counts too
             grew = (before is not None and skipped > before) or bool(record.data.get("step_skipped"))
             if grew and record.step != self._last_skip_step:
                 return self._skip(record.step, record, record.signals.get("loss_scale"))
@@ -111,15 +117,20 @@ class OverflowStorm(DetectorBase):
         lr, grad, loss = record.signals.get("lr"), record.signals.get("grad_norm"), record.signals.get("loss")
         if lr is None:
             return []
-        # The two LRs logged before this one, calm records' included (the engine counts every record).
+        # The two LRs logged before this one, spared records' included (the engine counts every record).
         last, earlier = self.counts.previous(record.rank, "lr"), self.counts.earlier(record.rank, "lr")
         was_moving = last is not None and earlier is not None and last != earlier
         bad = is_nonfinite(grad) or loss == 0.0 or is_nonfinite(loss)
         # Skipped steps freeze the LR where the schedule had it; an LR that moved to exactly 0 was zeroed, not
         # frozen (a schedule at its end, a scheduler bug: the LR rules' business). From the start, a storm
         # holds the warmup's first LR, often 0: that is no move, so it is not this test either.
+        # A run counts one rank's LR logs: the run-level log's and rank 0's are numbered apart.
+        same_rank = self._frozen_rank == record.rank
+        if not same_rank:
+            self._frozen.update(False, record.step)
+            self._frozen_rank = record.rank
         frozen = bad and lr == last and lr != 0.0 and (was_moving or self._frozen.count > 0)
-        self._frozen.update(frozen, record.step, self.counts.seq(record.rank, "lr"))
+        self._frozen.update(frozen, record.step)
         if self._frozen.count >= _MID_RUN_STREAK:
             why = f"the gradient norm is {grad:g}" if is_nonfinite(grad) else \
                 "the loss is exactly 0.0" if loss == 0.0 else f"the loss is {loss:g}"
@@ -223,11 +234,11 @@ class LearningRateZero(DetectorBase):
     severity = Severity.CRITICAL
     _STREAK = 3
 
-    calm = {"lr": nonzero}  # a non-zero LR ends a run of zeros: the engine routes only the zeros
+    spared_when_changes = True  # while a run of zeros is open, every LR (a non-zero one ends it)
 
     def __init__(self) -> None:
         super().__init__()
-        self._zero = Streak()
+        self._zero = Streak()  # zero-LR logs of the run-level log and rank 0, in a row
         self._warned_before_step = 0
         self._steps: set[int] = set()  # steps counted (a DeepSpeed `step=` line and an HF dict share one)
         self._overflow_steps: set[int] = set()
@@ -241,18 +252,21 @@ class LearningRateZero(DetectorBase):
         if record.kind == EVENT and record.event == "overflow" and record.step is not None:
             self._overflow_steps.add(record.step)
             return []
-        if record.kind != TRAIN or record.signals.get("lr") != 0.0 or record.rank not in (None, 0):
-            return []  # a non-zero LR ends the run of zeros: the next zero finds a gap in the LR logs
-        # LR logs of the run-level log and rank 0 so far, the non-zero ones the engine did not route too.
+        lr = record.signals.get("lr")
+        if record.kind != TRAIN or lr is None or record.rank not in (None, 0):
+            return []
+        if lr != 0.0:
+            self._zero.update(False, record.step)  # a non-zero LR ends the run of zeros
+            return []
+        # LR logs of the run-level log and rank 0 so far, the non-zero ones the engine spared us too.
         seq = self.counts.seq(None, "lr") + self.counts.seq(0, "lr")
         self._num_zero_lr += 1
         if record.step in self._steps or record.step in self._overflow_steps or self._skipped(record):
-            self._zero.follow(seq)  # a skipped step does not step the scheduler: not a stuck LR
-            return []
+            return []  # a skipped step does not step the scheduler: neither a stuck LR nor the end of a run
         self._steps.add(record.step)
         if len(self._steps) > 4096:
             self._steps.clear()
-        if self._zero.update(True, record.step, seq) == 1:
+        if self._zero.update(True, record.step) == 1:
             self._startup = self._num_zero_lr == seq  # no LR log so far was anything but 0
         if not self._startup:
             return self._report() if self._zero.count >= self._STREAK else []
@@ -267,6 +281,10 @@ class LearningRateZero(DetectorBase):
                                 "defaults)")
         return []
 
+    @property
+    def spared_when(self) -> dict:
+        return _EVERY_LR if self._zero.count else _LR_NONZERO
+
     def _report(self, why: str = "") -> list[Finding]:
         if self._warned_before_step:
             why += f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
@@ -275,8 +293,8 @@ class LearningRateZero(DetectorBase):
                          f"updated{why}", self._zero.since)
 
     def finish(self) -> list[Finding]:
-        if self.fired is None and self._startup and self._zero.count >= self._STREAK and \
-                self._zero.last_seq == self.counts.seq(None, "lr") + self.counts.seq(0, "lr"):
+        # The run is still on: while it is open every LR log is routed here, and a non-zero one ends it.
+        if self.fired is None and self._startup and self._zero.count >= self._STREAK:
             found = self._report("; it never rose from the start to the end of the log")
         else:
             found = []

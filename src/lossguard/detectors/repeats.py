@@ -10,7 +10,7 @@ profile (core/profile.py) remembers the windows of losses and marks the record w
 from __future__ import annotations
 
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.profile import RECUR_LOGS, Reading
+from lossguard.core.profile import RECUR_LOGS, TrendMark
 from lossguard.core.records import Record
 from lossguard.detectors.registry import register
 from lossguard.detectors.trends import TrendDetector
@@ -28,10 +28,10 @@ class LossRepeats(TrendDetector):
     signature = "not-learning"
     severity = Severity.ERROR
 
-    def judge(self, record: Record, reading: Reading) -> list[Finding]:
-        if reading.recurs is None:
+    def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
+        if mark.recurs is None:
             return []
         return self.emit(
-            f"the loss repeats, value for value, the {RECUR_LOGS} logs that ended {reading.recurs} logs "
-            f"earlier (last {reading.loss:g} at step {record.step}): the same batches give the same loss, so "
-            "the weights are not being updated", record.step, record.rank, period_logs=reading.recurs)
+            f"the loss repeats, value for value, the {RECUR_LOGS} logs that ended {mark.recurs} logs "
+            f"earlier (last {mark.loss:g} at step {record.step}): the same batches give the same loss, so "
+            "the weights are not being updated", record.step, record.rank, period_logs=mark.recurs)

@@ -2,7 +2,7 @@
 
 Thresholds are relative to the run's own typical initial loss (KNOWLEDGE.md §2 G: loss levels are not
 comparable across versions, GA settings and world sizes), never absolute. The statistics are the engine's
-loss profile (core/profile.py), kept once for all of these rules: a rule reads the `Reading` of a record
+loss profile (core/profile.py), kept once for all of these rules: a rule reads the `TrendMark` of a record
 the profile marked (`reads_profile`), or the profile itself at the end.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
-from lossguard.core.calm import absent
+from lossguard.core.column_tests import absent
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.profile import REPEAT_LOGS, RankProfile, Reading
+from lossguard.core.profile import REPEAT_LOGS, RankProfile, TrendMark
 from lossguard.core.records import EVAL, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite
+from lossguard.detectors._base import DetectorBase, PerRank, is_nonfinite
 from lossguard.detectors.registry import register
 
 _FLAT_MIN_LOGS = 16
@@ -24,19 +24,19 @@ _TINY_GRAD_PER_LOSS = 0.02
 
 
 class TrendDetector(DetectorBase):
-    """A loss trend: `judge` decides on the reading of a record the profile marked."""
+    """A loss trend: `judge` decides on the mark of a record the profile marked."""
 
     wants = frozenset({"loss", "raw_loss"})
-    calm: dict = {}  # no train record of its own interest: the profile marks the ones that matter
+    spared_when: dict = {}  # no train record of its own interest: the profile marks the ones that matter
     reads_profile = True
 
     def observe(self, record: Record) -> list[Finding]:
-        reading = self.profile.reading
-        if record.kind != TRAIN or reading is None:
+        mark = self.profile.mark
+        if record.kind != TRAIN or mark is None:
             return []
-        return self.judge(record, reading)
+        return self.judge(record, mark)
 
-    def judge(self, record: Record, reading: Reading) -> list[Finding]:
+    def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         return []
 
 
@@ -59,7 +59,7 @@ class LossNotLearning(TrendDetector):
     tiny_grad = False  # LOSS008 takes the flat runs whose gradient norm is tiny
     wants = frozenset({"loss", "raw_loss", "update_ratio", "param_fingerprint"})
     # Records that measured the weights come to `observe` too (`_Weights` keeps what they showed).
-    calm = {"update_ratio": absent, "param_fingerprint": absent}
+    spared_when = {"update_ratio": absent, "param_fingerprint": absent}
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,12 +72,12 @@ class LossNotLearning(TrendDetector):
                 self._weights[record.rank].note(ratio, fingerprint)
         return super().observe(record)
 
-    def judge(self, record: Record, reading: Reading) -> list[Finding]:
-        value, streak, since = reading.repeat
+    def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
+        value, streak, since = mark.repeat
         if streak < REPEAT_LOGS:
             return []
-        return self.emit(f"loss stays at {reading.loss:g} for {streak} logs from step {since}: the model is "
-                         "not learning", since, record.rank, value=reading.loss)
+        return self.emit(f"loss stays at {mark.loss:g} for {streak} logs from step {since}: the model is "
+                         "not learning", since, record.rank, value=mark.loss)
 
     def finish(self) -> list[Finding]:
         super().finish()
@@ -181,9 +181,9 @@ class LossFlatTinyGrad(LossNotLearning):
     tiny_grad = True
     reads_profile = False  # the repeat run is LOSS004's; this code judges only the whole run, at the end
     wants = TrendDetector.wants  # the weights' measurements are LOSS004's
-    calm: dict = {}
+    spared_when: dict = {}
 
-    def judge(self, record: Record, reading: Reading) -> list[Finding]:
+    def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         return []
 
     def report(self, flat: RankProfile, rank: int | None, start: float, end: float, grad: float | None):
@@ -207,31 +207,22 @@ class LossDivergence(TrendDetector):
     signature = "divergence"
     severity = Severity.CRITICAL
     _STREAK = 5
-    _JUMP_STREAK, _JUMP_FACTOR, _JUMP_ABOVE = 2, 3.0, 3.0
+    _JUMP_STREAK = 2  # logs in a row that are far (the profile's FAR_FACTOR and FAR_ABOVE)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._high: dict = {}  # rank -> Streak of high logs (in a row: consecutive profile seqs)
-        self._jumped: dict = {}  # rank -> Streak of logs far above the start (the fast rule)
-
-    def judge(self, record: Record, reading: Reading) -> list[Finding]:
-        if not reading.high:
+    def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
+        if not mark.high:
             return []
-        high = self._high.setdefault(record.rank, Streak())
-        count = high.update(True, record.step, reading.seq)
-        jumped = self._jumped.setdefault(record.rank, Streak())
-        far = reading.loss > self._JUMP_FACTOR * reading.reference and \
-            reading.loss > reading.reference + self._JUMP_ABOVE
-        if jumped.update(far, record.step, reading.seq) >= self._JUMP_STREAK:
-            return self.emit(f"loss jumped from about {reading.reference:.3g} to {reading.loss:.3g} at step "
-                             f"{jumped.since} and stayed above three times its start for {jumped.count} logs: an "
-                             "update threw the weights out of their basin", jumped.since, record.rank,
-                             baseline=reading.reference, value=reading.loss)
+        (count, since), (far, far_since) = mark.high_run, mark.far_run  # runs of consecutive losses
+        if far >= self._JUMP_STREAK:
+            return self.emit(f"loss jumped from about {mark.reference:.3g} to {mark.loss:.3g} at step "
+                             f"{far_since} and stayed above three times its start for {far} logs: an "
+                             "update threw the weights out of their basin", far_since, record.rank,
+                             baseline=mark.reference, value=mark.loss)
         if count < self._STREAK:
             return []
-        return self.emit(f"loss rose from about {reading.reference:.3g} to {reading.loss:.3g} and stayed above "
-                         f"twice its start for {high.count} logs from step {high.since}", high.since,
-                         record.rank, baseline=reading.reference, value=reading.loss)
+        return self.emit(f"loss rose from about {mark.reference:.3g} to {mark.loss:.3g} and stayed above "
+                         f"twice its start for {count} logs from step {since}", since,
+                         record.rank, baseline=mark.reference, value=mark.loss)
 
 
 @register
@@ -243,10 +234,10 @@ class LossSpike(TrendDetector):
     signature = "loss-spike"
     severity = Severity.WARNING
 
-    def judge(self, record: Record, reading: Reading) -> list[Finding]:
-        if reading.spike is None:
+    def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
+        if mark.spike is None:
             return []
-        at, value, ratio = reading.spike
+        at, value, ratio = mark.spike
         return self.emit(f"loss spiked to {value:.3g} at step {at} (about {ratio:.1f}x its running average) "
                          "and recovered", at, record.rank, value=value)
 
@@ -258,7 +249,7 @@ class Memorization(DetectorBase):
     tells the two kinds apart: high for memorisation (overfitting), low too for label leakage."""
 
     wants = frozenset({"eval_loss"})
-    calm: dict = {}  # evaluations are never batched; the run of tiny losses is the profile's
+    spared_when: dict = {}  # evaluations are never batched; the run of tiny losses is the profile's
     code = "LOSS007"
     name = "loss.memorization"
     signature = "memorization"

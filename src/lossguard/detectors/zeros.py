@@ -3,25 +3,21 @@ the bare `zero-loss` when nothing tells which. KNOWLEDGE.md §0.3, §1 S4/S6, D1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from lossguard.core.calm import nonzero
+from lossguard.core.column_tests import absent, nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, PerRank, Streak, is_nonfinite, is_rl, sentinel_index
+from lossguard.detectors._base import DetectorBase, Streaks, is_nonfinite, is_rl, sentinel_index
 from lossguard.detectors.registry import register
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
 # Distinct samples (got, expected) whose mismatch warnings must all show one offset before the offset says
 # "the template" rather than "these samples": one sample shows an offset, two that agree show a rule.
 _SYSTEMATIC_SAMPLES = 2
-
-
-@dataclass
-class _Zeros:
-    both_zero: Streak = field(default_factory=Streak)  # loss and grad_norm both exactly 0
-    grad_zero: Streak = field(default_factory=Streak)  # grad_norm 0, loss finite and non-zero
-    loss_zero: Streak = field(default_factory=Streak)  # loss exactly 0
+# While a detector's run is open it is spared no record that carries the signal its run is counted on.
+_MASKED = {"num_label_tokens": nonzero, "loss": nonzero}  # a streak of zeros needs a zero loss
+_MASKED_OPEN = {**_MASKED, "grad_norm": absent}
+_GRAD_NONZERO, _EVERY_GRAD = {"grad_norm": nonzero}, {"grad_norm": absent}
+_LOSS_NONZERO, _EVERY_LOSS = {"loss": nonzero}, {"loss": absent}
 
 
 @register
@@ -32,7 +28,7 @@ class MaskedLabels(DetectorBase):
 
     wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing",
                        "image-token-mismatch", "overflow", "facts"})
-    calm = {"num_label_tokens": nonzero, "loss": nonzero}  # a streak of zeros needs a zero loss
+    spared_when_changes = True  # while a run of zero losses and norms is open (`spared_when`)
     code = "LABEL001"
     name = "labels.all-masked"
     signature = "masked-labels"
@@ -41,7 +37,7 @@ class MaskedLabels(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Zeros)
+        self._both_zero = Streaks()  # loss and grad_norm both exactly 0, over the logs with a grad norm
         self.num_warnings = 0
         self._first_warning_step: int | None = None
         self._first_zero_loss: tuple | None = None  # (step, rank) of the first loss of exactly 0.0
@@ -50,6 +46,10 @@ class MaskedLabels(DetectorBase):
         # An fp16 run may skip a step, which also logs loss 0.0 (a NaN through the filter) and grad_norm 0.0:
         # there one such log is not proof, two in a row are.
         self._may_skip = False
+
+    @property
+    def spared_when(self) -> dict:
+        return _MASKED_OPEN if self._both_zero.open else _MASKED
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -66,11 +66,13 @@ class MaskedLabels(DetectorBase):
         if record.kind != TRAIN:
             return []
         tokens = record.signals.get("num_label_tokens")
+        loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
+        if grad is not None and (tokens == 0 or loss is None or is_rl(record)):
+            self._both_zero.end(record.rank)  # a log with a grad norm that is not part of the run
         if tokens is not None and tokens == 0:
             return self.emit(
                 f"rank {record.rank} had 0 supervised tokens (all labels are -100) at step {record.step}",
                 record.step, record.rank, evidence="num_label_tokens == 0")
-        loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
         if loss is None or is_rl(record):
             return []  # an RL trainer's loss is a policy objective, legitimately 0.0 (GRAD006 judges it)
         if loss == 0.0 and self._first_zero_loss is None and not (is_nonfinite(grad) or sentinel_index(grad)):
@@ -78,9 +80,8 @@ class MaskedLabels(DetectorBase):
             self._first_zero_loss = (record.step, record.rank)
         if grad is None:
             return []
-        streak = self._state[record.rank].both_zero
-        seq = self.counts.seq(record.rank, "grad_norm")  # logs with a grad norm, the skipped calm ones too
-        if streak.update(loss == 0.0 and grad == 0.0, record.step, seq) >= (_STREAK if self._may_skip else 1):
+        streak = self._both_zero.update(record.rank, loss == 0.0 and grad == 0.0, record.step)
+        if streak.count >= (_STREAK if self._may_skip else 1):
             why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
             return self.emit(
                 f"loss and grad_norm are both exactly 0 from step {streak.since}: no label is "
@@ -137,7 +138,7 @@ class NoGradientFlow(DetectorBase):
     a tiny gradient norm)."""
 
     wants = frozenset({"grad_norm", "overflow", "no-input-grad"})
-    calm = {"grad_norm": nonzero}
+    spared_when_changes = True  # while a run of zero norms is open, every grad norm
     code = "GRAD002"
     name = "grad.no-flow"
     signature = "no-grad-flow"
@@ -145,9 +146,13 @@ class NoGradientFlow(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Zeros)
+        self._grad_zero = Streaks()  # grad_norm 0, loss finite and non-zero
         self._overflow_steps: set[int] = set()
         self.hints: list[str] = []
+
+    @property
+    def spared_when(self) -> dict:
+        return _EVERY_GRAD if self._grad_zero.open else _GRAD_NONZERO
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -155,12 +160,15 @@ class NoGradientFlow(DetectorBase):
         if record.kind != TRAIN:
             return []
         loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
-        if loss is None or grad is None:
+        if grad is None:
+            return []
+        if loss is None:
+            self._grad_zero.end(record.rank)
             return []
         # An fp16 skip also logs grad_norm 0.0: such a step breaks the run instead of extending it.
         holds = grad == 0.0 and loss != 0.0 and not is_nonfinite(loss) and record.step not in self._overflow_steps
-        streak = self._state[record.rank].grad_zero
-        if streak.update(holds, record.step, self.counts.seq(record.rank, "grad_norm")) >= _STREAK:
+        streak = self._grad_zero.update(record.rank, holds, record.step)
+        if streak.count >= _STREAK:
             hint = f" ({'; '.join(self.hints)})" if self.hints else ""
             # A zero norm beside an LR still at 0 is what a skipped step prints (DeepSpeed returns before
             # computing the norm, and the scheduler does not step): the ranking reads it.
@@ -265,7 +273,7 @@ class ZeroLoss(DetectorBase):
     Reported at the end so the more specific detectors speak first."""
 
     wants = frozenset({"loss"})
-    calm = {"loss": nonzero}
+    spared_when_changes = True  # while a run of zeros is open, every loss
     code = "LOSS003"
     name = "loss.exact-zero"
     signature = "zero-loss"
@@ -273,23 +281,36 @@ class ZeroLoss(DetectorBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = PerRank(_Zeros)
+        self._loss_zero = Streaks()
+        self._from_first: set[int | None] = set()  # ranks whose run of zeros began with their first loss
+
+    @property
+    def spared_when(self) -> dict:
+        return _EVERY_LOSS if self._loss_zero.open else _LOSS_NONZERO
 
     def observe(self, record: Record) -> list[Finding]:
         loss = record.signals.get("loss")
-        if record.kind != TRAIN or loss is None or is_rl(record):
+        if record.kind != TRAIN or loss is None:
             return []
-        self._state[record.rank].loss_zero.update(loss == 0.0, record.step, self.counts.seq(record.rank, "loss"))
+        if is_rl(record):
+            self._loss_zero.end(record.rank)
+            return []
+        if self._loss_zero.update(record.rank, loss == 0.0, record.step).count == 1:
+            # The engine counts every loss, the spared ones too: 1 is the rank's first.
+            if self.counts.seq(record.rank, "loss") == 1:
+                self._from_first.add(record.rank)
+            else:
+                self._from_first.discard(record.rank)
         return []
 
     def finish(self) -> list[Finding]:
-        for rank, state in self._state.items():
-            zeros = state.loss_zero  # every loss of the rank: the run began at its first and is still on
-            if zeros.count >= _STREAK and zeros.first_seq == 1 and zeros.last_seq == self.counts.seq(rank, "loss"):
+        for rank, zeros in self._loss_zero.items():
+            # Every loss of the rank: the run began at its first and is still on (nothing ended it).
+            if zeros.count >= _STREAK and rank in self._from_first:
                 return self.emit(
-                    f"loss is exactly 0.0 in every log from step {state.loss_zero.since}: either every label "
+                    f"loss is exactly 0.0 in every log from step {zeros.since}: either every label "
                     "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "
-                    "with logging_nan_inf_filter=False to tell which", state.loss_zero.since, rank)
+                    "with logging_nan_inf_filter=False to tell which", zeros.since, rank)
         return []
 
 
@@ -303,7 +324,7 @@ class ZeroLossAndLearningRate(DetectorBase):
     warning, and the scheduler's warmup settings."""
 
     wants = frozenset({"lr"})
-    calm = {"lr": nonzero, "loss": nonzero}
+    spared_when = {"lr": nonzero, "loss": nonzero}
     code = "LR002"
     name = "lr.zero-with-zero-loss"
     signature = "lr-zero"
@@ -329,7 +350,7 @@ class RlZeroUpdate(DetectorBase):
     check which parameters require grad."""
 
     wants = frozenset({"grad_norm"})
-    calm = {"grad_norm": nonzero}
+    spared_when = {"grad_norm": nonzero}
     code = "GRAD006"
     name = "rl.zero-update"
     signature = "no-grad-flow"

@@ -26,6 +26,7 @@ _FINDING = re.compile(rb"(?<![\w.-])lossguard: (?:step (\d+)|run)(?: rank (\d+))
                       rb"([A-Z]+\d{3})(?: \[([\w-]+)\])? (.*)")
 _HALT = re.compile(rb"(?<![\w.-])lossguard: halting at step (\d+) on every rank: (.*)")
 _CODE = re.compile(rb"([A-Z]+\d{3}) \(([\w.-]+)\)")
+EVENTS = ("guard-finding", "guard-halt")  # the events this reader makes
 
 
 def read(line: bytes) -> Fields | None:
@@ -34,8 +35,8 @@ def read(line: bytes) -> Fields | None:
         data = {"code": code.decode(), "severity": severity.decode().lower(),
                 "signature": signature.decode() if signature else None,
                 "message": message.decode("utf-8", "replace").strip(), "rank": int(rank) if rank else None}
-        return Fields(Form.GUARD, kind=EVENT, event="guard-finding", step=int(step) if step else None, data=data)
+        return Fields(Form.GUARD, kind=EVENT, event=EVENTS[0], step=int(step) if step else None, data=data)
     if (match := _HALT.search(line)) is not None:
         codes = [(code.decode(), signature.decode()) for code, signature in _CODE.findall(match.group(2))]
-        return Fields(Form.GUARD, kind=EVENT, event="guard-halt", step=int(match.group(1)), data={"codes": codes})
+        return Fields(Form.GUARD, kind=EVENT, event=EVENTS[1], step=int(match.group(1)), data={"codes": codes})
     return None

@@ -1,11 +1,11 @@
-"""SignalCounts (core/calm.py): what detectors with `calm` read about the records the engine did not route
-them, and two streams whose onset depends on it, fed one by one and through `feed_all`."""
+"""SignalCounts (core/counts.py): what detectors read about the records the engine spared them, and two
+streams whose onset depends on it, fed one by one and through `feed_all`."""
 
 from __future__ import annotations
 
 import math
 
-from lossguard.core.calm import SignalCounts
+from lossguard.core.counts import SignalCounts
 from lossguard.core.engine import Engine
 from lossguard.core.records import Record
 from lossguard.detectors import make_detectors
@@ -39,8 +39,8 @@ def _findings(stream: list[Record]) -> tuple[list, list]:
 
 
 def test_a_finite_norm_between_ends_a_pending_nonfinite_norm():
-    # An inf norm next to a live loss waits for the next log; finite norms (calm, not routed) came
-    # between, so the zero loss much later is not "right after" it.
+    # An inf norm next to a live loss waits for the next log; finite norms came between, so the zero loss
+    # much later is not "right after" it.
     stream = [_train(s, 2.0 - s / 100) for s in range(1, 20)] + [_train(20, 1.8, math.inf)]
     stream += [_train(s, 1.7) for s in range(21, 40)] + [_train(40, 0.0, 0.5)]
     each, routed = _findings(stream)
@@ -52,7 +52,7 @@ def test_a_finite_norm_between_ends_a_pending_nonfinite_norm():
     assert [f.severity.name for f in at_20] == ["WARNING"]
 
 
-def test_the_last_finite_loss_before_zeros_is_read_from_calm_records():
+def test_the_last_finite_loss_before_zeros_is_read_from_spared_records():
     stream = [_train(s, 2.0 - s / 100) for s in range(1, 30)]
     stream += [_train(s, 0.0, 0.7) for s in range(30, 34)]
     each, routed = _findings(stream)

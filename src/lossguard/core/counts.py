@@ -1,53 +1,18 @@
-"""Calm records: the declarative half of the engine's fast path.
-
-A detector may declare `calm = {signal: test}`: a record is of no interest to it when, for every named
-signal the record carries, `test([value])` is True. `test` takes a column (a list of values, None where
-a record lacks the signal) and answers for all of it at C speed, so the engine can clear a run of 512
-records with one call per signal and route only the records that fail a test to the detector's
-`observe`. There is no second code path to keep in step: a detector with `calm` is written so that
-skipping its calm records cannot change what it reports; what it must know about them (how many came
-between two records it saw) it reads from the `SignalCounts` the engine binds to it. `calm` may be a
-property of the detector's state (None: every record); since a calm record changes no state, the engine
-re-reads it only after a record it routed to that detector.
+"""What every detector may read about the records the engine spared it: per rank and signal, how many
+train records carried the signal and the last values. The engine advances one `SignalCounts` on both of its
+paths and binds it to each detector (core/detector.py), so a detector reads them instead of observing every
+record.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-
-
-def nonzero(column: list) -> bool:
-    """No exact 0 (NaN and None are calm here)."""
-    return 0.0 not in column
-
-
-def finite(column: list) -> bool:
-    """No NaN/Inf (None ignored). Summing is C-speed; a sum that overflows on huge but finite values
-    reads as "not calm", which only routes the records to the detector."""
-    return math.isfinite(sum(filter(None, column)))
-
-
-def finite_nonzero(column: list) -> bool:
-    """Both `finite` and `nonzero`."""
-    return 0.0 not in column and finite(column)
-
-
-def zero(column: list) -> bool:
-    """Every value is 0 or missing (a skipped-step count that never moved off 0)."""
-    return column.count(None) + column.count(0.0) == len(column)
-
-
-def absent(column: list) -> bool:
-    """No record carries the signal."""
-    return column.count(None) == len(column)
 
 
 class SignalCounts:
     """Per (rank, signal): how many train records carried the signal so far, the current one included,
-    and the last three values. Two records a detector saw are "in a row" for a signal when their counts
-    differ by one: calm records skipped between them still advanced the count. One definition of
-    consecutive for all, and one update path (`advance`) for a run of records or a single one."""
+    and the last three values, spared records' included; one update path (`advance`) for a run of
+    records or a single one."""
 
     __slots__ = ("_state",)
 
