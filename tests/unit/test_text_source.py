@@ -174,7 +174,8 @@ def test_a_brace_inside_a_quoted_value_is_read_as_the_dict_search_reads_it(monke
              "{'loss': '2.1', 'epoch': '{0.5}'}", "{'loss': '2.0', 'epoch': '0.6'}",
              "{'loss': '1.9', 'epoch': \"0.7\"}", "{'loss': '1.8', 'epoch': \"{'0.8\"}"]
     learned = parse("\n".join(lines) + "\n")
-    monkeypatch.setattr(log_dict, "_known_shape", lambda text: None)  # no dict read by a learned shape
+    monkeypatch.setattr(log_dict, "_learn", lambda pairs, text: None)  # no dict read by a learned shape
+    log_dict.forget_shapes()
     searched = parse("\n".join(lines) + "\n")
     assert [repr(r) for r in learned] == [repr(r) for r in searched]
 
@@ -184,13 +185,14 @@ def test_a_learned_key_layout_reads_every_dict_as_the_generic_parser_does(monkey
 
     lines = _dict_lines()
     log_dict.forget_shapes()  # the memo is the process's: start from what this log teaches it
-    read_by_layout = []
-    floats = log_dict._floats
-    monkeypatch.setattr(log_dict, "_floats", lambda *args: read_by_layout.append(1) or floats(*args))
+    read_by_pairs = []
+    pair_values = log_dict.pair_values
+    monkeypatch.setattr(log_dict, "pair_values", lambda *args: read_by_pairs.append(1) or pair_values(*args))
     fast = list(parse_lines(lines))
-    assert len(read_by_layout) > 1000  # the learned shapes did read
-    monkeypatch.setattr(log_dict, "_floats", floats)
-    monkeypatch.setattr(log_dict, "_known_shape", lambda text: None)  # never a learned shape: findall on every line
+    assert len(lines) - len(read_by_pairs) > 1000  # the learned shapes did read
+    monkeypatch.setattr(log_dict, "pair_values", pair_values)
+    monkeypatch.setattr(log_dict, "_learn", lambda pairs, text: None)  # never a learned shape: findall on every line
+    log_dict.forget_shapes()
     generic = list(parse_lines(lines))
     assert len(fast) == len(generic) > 2500
     for a, b in zip(fast, generic):

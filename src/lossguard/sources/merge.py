@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from lossguard.core.records import EVENT, Record
+from lossguard.core.records import EVENT, TRAIN, Record
+from lossguard.sources.readers import deepspeed_step
 
 if TYPE_CHECKING:
     from lossguard.sources.text_log import TextLogParser
@@ -19,10 +20,20 @@ if TYPE_CHECKING:
 def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterator[Record]:
     """The parser's records over `lines`, with the records of one step merged into one."""
     placer = parser.placer
-    parse = parser.parse_line
+    parse, read_step_line = parser.parse_line, deepspeed_step.read
     pending: Record | None = None  # the last step's record, still open to the lines of its step
     pending_guessed = False  # its step was estimated
     for line_no, line in lines:
+        # DeepSpeed's `step=` line right after a log dict whose step was estimated (half the lines of a big HF +
+        # DeepSpeed log): the dispatch would hand it to this same reader and placer, and its record to `_merge`.
+        # Its record would join `pending` in `_merge` (a train record of no rank, at an estimated step, takes
+        # the step= line's step): `_absorb` does that join without building the record.
+        if pending_guessed and b"skipped=" in line and b"{" not in line and pending is not placer.provisional \
+                and pending.kind == TRAIN and pending.rank is None and (fields := read_step_line(line)) is not None:
+            pending.step = placer.note_ds_step(fields.step)
+            _absorb(pending, fields.signals, False)
+            pending_guessed = False
+            continue
         for record in parse(line, line_no):
             guessed = record is placer.guessed
             if pending is not None and pending is placer.provisional:
@@ -56,12 +67,17 @@ def _merge(pending: Record, pending_guessed: bool, new: Record, new_guessed: boo
         pass
     else:
         return False
-    signals = pending.signals
-    for name, value in new.signals.items():
-        if name not in signals:
-            signals[name] = value
-    pending.step_is_ordinal = pending.step_is_ordinal and new.step_is_ordinal and pending.step == new.step
+    _absorb(pending, new.signals, new.step_is_ordinal and pending.step == new.step)
     return True
+
+
+def _absorb(pending: Record, signals: dict[str, float], still_ordinal: bool) -> None:
+    """`pending` takes the values it lacks from a record of its step (its own values stand)."""
+    own = pending.signals
+    for name, value in signals.items():
+        if name not in own:
+            own[name] = value
+    pending.step_is_ordinal = pending.step_is_ordinal and still_ordinal
 
 
 def _is_ds_step(record: Record) -> bool:

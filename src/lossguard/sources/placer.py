@@ -30,7 +30,9 @@ class StepPlacer:
         self._real_steps = False  # a step number was read from the log (not counted)
         self._last_log_step: int | None = None  # the step of the last train log dict
         self._last_ds_step: int | None = None  # the step of the last DeepSpeed `step=` line
-        self._recent_dicts: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # The texts of the last log dicts: a dict printed again with the same text is another node's copy
+        # (multi-node runs print each log once per node, `log_on_each_node`). An open dict's text is never one.
+        self.recent_dicts: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._megatron_skipped = 0.0  # Megatron counts skips per logging interval; the signal is cumulative
         # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and the
         # values already placed there: a second value of one of them belongs to a later step, the same value
@@ -58,15 +60,10 @@ class StepPlacer:
         self._summary_line: int | None = None
 
     # -- log dicts -------------------------------------------------------------------------------------
-    def is_copy(self, text: bytes) -> bool:
-        """A log dict printed with this exact text among the last ones: another node's copy (multi-node runs
-        print each log once per node, `log_on_each_node`)."""
-        return text in self._recent_dicts
-
     def log_dict(self, fields: Fields, line_no: int | None) -> Record:
         if fields.open:
             return self._open_dict(fields, line_no)
-        recent = self._recent_dicts
+        recent = self.recent_dicts
         recent[fields.text] = None
         if len(recent) > _DEDUPE_WINDOW:
             recent.popitem(last=False)
@@ -128,7 +125,11 @@ class StepPlacer:
 
     # -- DeepSpeed `step=` lines, Megatron, mmengine, a script's `step N` lines ----------------------------
     def ds_step(self, fields: Fields, line_no: int | None) -> Record:
-        step = fields.step
+        step = self.note_ds_step(fields.step)
+        return Record(step, None, fields.signals, TRAIN, None, {}, self.source, line_no, False)
+
+    def note_ds_step(self, step: int) -> int:
+        """A DeepSpeed `step=` line's step, noted as the log's latest real step; returned."""
         self._real_steps = True
         last_ds = self._last_ds_step
         if last_ds is not None and step > last_ds:
@@ -136,7 +137,7 @@ class StepPlacer:
         self._last_ds_step = step
         if self.last_step is None or step > self.last_step:
             self.last_step = step
-        return Record(step, None, fields.signals, TRAIN, None, {}, self.source, line_no, False)
+        return step
 
     def numbered(self, found: list[Fields], line_no: int | None) -> list[Record]:
         """Fields whose line names its step (Megatron, mmengine, `step N loss X`)."""

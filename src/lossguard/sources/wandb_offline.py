@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,6 +99,8 @@ def _log_records(path: Path) -> Iterator[dict]:
     command = [_core(path), "leet", "inspect", "--no-observability", "--json", "--run-file", str(path),
                str(path.resolve().parent.parent)]
     # stderr goes to a file: a pipe nobody reads until stdout ends could fill and stall the reader.
+    import tempfile  # only a W&B input needs it: every other analysis starts faster without
+
     with tempfile.TemporaryFile() as errors, \
             subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL) as proc:
         assert proc.stdout is not None

@@ -13,12 +13,12 @@ import ast
 
 from lossguard.core.dsconfig import as_bool, as_int, dtype_name
 from lossguard.sources import patterns as P
-from lossguard.sources.readers.fields import EVENT, Fields, Form
+from lossguard.sources.readers.fields import Fields, Form
 
 
 def read(line: bytes) -> Fields | None:
     facts = facts_from_line(line)
-    return Fields(Form.FACTS, kind=EVENT, event="facts", data=facts) if facts else None
+    return Fields.event_of(Form.FACTS, "facts", facts) if facts else None
 
 
 def facts_from_line(line: bytes) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from lossguard.core.signals import to_float
 from lossguard.sources import patterns as P
 from lossguard.sources import progress
-from lossguard.sources.readers.fields import EVENT, Fields, Form
+from lossguard.sources.readers.fields import Fields, Form
 
 
 def read(line: bytes) -> Fields | None:
@@ -25,7 +25,7 @@ def read(line: bytes) -> Fields | None:
     for needle, name, pattern in P.EVENT_NEEDLES:
         if needle in line and (match := pattern.search(line)):
             bar = progress.bar_step(line, match.start())  # the bar the event was printed on, if any
-            return Fields(Form.EVENT, kind=EVENT, event=name, data=_data(name, match), bar=bar)
+            return Fields.event_of(Form.EVENT, name, _data(name, match), bar=bar)
     return None
 
 

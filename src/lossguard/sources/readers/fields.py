@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from lossguard.core.records import EVAL, EVENT, TRAIN
 
 __all__ = ["EVAL", "EVENT", "TRAIN", "Fields", "Form"]
@@ -26,17 +24,21 @@ class Form:
     EVAL_HEADER = "eval-header"  # `***** Evaluating perplexity *****`: the next metric line is the evaluation's
 
 
-@dataclass(slots=True)
 class Fields:
-    form: str
-    signals: dict[str, float] = field(default_factory=dict)
-    step: int | None = None  # the step the line names itself
-    kind: str = TRAIN  # TRAIN, EVAL or EVENT
+    """What one line (or one part of it: a dict, a progress-bar redraw) says. A plain class whose rarely set
+    attributes default at class level: a reader makes one per metric line, and setting four attributes costs
+    a third of what a twenty-field dataclass's `__init__` does."""
+
+    # Set by every reader:
+    form: str  # which reader made it (`Form`)
+    signals: dict[str, float]
+    step: int | None  # the step the line names itself
+    kind: str  # TRAIN, EVAL or EVENT
+    # Set where the format has them:
     event: str | None = None  # an EVENT's name
-    data: dict = field(default_factory=dict)  # an EVENT's data
+    data: dict | None = None  # an EVENT's data
     rank: int | None = None  # the rank the line names (`[rank1]: step 3 loss ...`)
-    # Where a step can come from when the line names none:
-    bar: int | None = None  # steps done on a running training bar before the event or dict (sources/progress.py)
+    bar: int | None = None  # steps done on a running training bar before the event (sources/progress.py)
     counter: tuple[int, int] | None = None  # a progress counter `i/N` (generic reader; tqdm before a dict)
     epoch: int | None = None  # a whole epoch number next to the counter (`Epoch 2/3`, `Epoch: [1]`)
     epochs: int | None = None  # N of an epoch written `e/N`: such an epoch may count from 1
@@ -44,13 +46,32 @@ class Fields:
     # own, where a bare `3/3` (a loading bar) is none.
     named_counter: bool = False
     summary: bool = False  # a run-end total (HF's `train_runtime` dict): no step's values
-    is_eval: bool = False  # the line says it is an evaluation (a word before its pairs, an eval key)
+    is_eval: bool = False  # the line says it is an evaluation (a word before its pairs, an eval step)
     # A log dict's text: a later dict with the same text is another node's copy (`log_on_each_node`).
     text: bytes | None = None
     open: bool = False  # a log dict the line ends before closing (wrapped by the terminal, or cut)
     estimate: bool = False  # train values estimated at an evaluation (nanoGPT's `train loss X, val loss Y`)
     loss_rank: int = 9  # the rank of the loss column read so far (sources/vocabulary.py `_loss_rank`)
-    names: set[bytes] = field(default_factory=set)  # the keys read into this segment (generic reader)
+
+    def __init__(self, form: str, signals: dict[str, float] | None = None, step: int | None = None,
+                 kind: str = TRAIN) -> None:
+        # The other attributes are set after construction, where a reader has them: a `**rare` argument
+        # would double the cost of every metric line's fields.
+        self.form = form
+        self.signals = {} if signals is None else signals
+        self.step = step
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"Fields({shown})"
+
+    @classmethod
+    def event_of(cls, form: str, name: str, data: dict, step: int | None = None, bar: int | None = None) -> Fields:
+        """The fields of an event line: its name and data, the step the line names, a bar on it."""
+        fields = cls(form, None, step, EVENT)
+        fields.event, fields.data, fields.bar = name, data, bar
+        return fields
 
     def has_metric(self) -> bool:
         """The fields hold a signal other than the epoch (not only a step or an epoch counter)."""

@@ -123,13 +123,14 @@ def past_prefix(line: bytes, at: int = 0, end: int | None = None) -> int:
 def _segments(line: bytes, start: int, end: int) -> list[Fields]:
     out: list[Fields] = []
     current = Fields(Form.GENERIC)
+    names: set[bytes] = set()  # the keys read into the current segment: a key again starts the next one
     first_pair = None
     for match in TOKEN.finditer(line, start, end):
         index, total, raw_key, raw_value, of_total = match.groups()
         if raw_key is None:  # a progress counter: a second one is the next redraw
             if current.counter is not None:
                 out.append(current)
-                current = Fields(Form.GENERIC)
+                current, names = Fields(Form.GENERIC), set()
             current.counter = (int(index), int(total))
             continue
         if _SOURCE_FILE.search(raw_key):
@@ -138,12 +139,12 @@ def _segments(line: bytes, start: int, end: int) -> list[Fields]:
         if role == Role.SKIP:
             continue
         first_pair = match.start() if first_pair is None else first_pair
-        if raw_key in current.names or role == Role.STEP and current.step is not None and current.has_metric():
+        if raw_key in names or role == Role.STEP and current.step is not None and current.has_metric():
             out.append(current)  # the same name again: the next dict or progress-bar redraw
-            current = Fields(Form.GENERIC)
+            current, names = Fields(Form.GENERIC), set()
         elif role == Role.STEP and current.step is not None:
             continue  # litgpt's `iter 9 step 2 | loss`: two counters of one moment, the first (finer) stands
-        current.names.add(raw_key)
+        names.add(raw_key)
         _add(current, role, name, rank, _float(raw_value), of_total)
     out.append(current)
     if first_pair is not None and EVAL_MODE.search(line, start, first_pair):

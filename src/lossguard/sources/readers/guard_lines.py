@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from lossguard.sources.readers.fields import EVENT, Fields, Form
+from lossguard.sources.readers.fields import Fields, Form
 
 _FINDING = re.compile(rb"(?<![\w.-])lossguard: (?:step (\d+)|run)(?: rank (\d+))?: (INFO|WARNING|ERROR|CRITICAL) "
                       rb"([A-Z]+\d{3})(?: \[([\w-]+)\])? (.*)")
@@ -35,8 +35,8 @@ def read(line: bytes) -> Fields | None:
         data = {"code": code.decode(), "severity": severity.decode().lower(),
                 "signature": signature.decode() if signature else None,
                 "message": message.decode("utf-8", "replace").strip(), "rank": int(rank) if rank else None}
-        return Fields(Form.GUARD, kind=EVENT, event=EVENTS[0], step=int(step) if step else None, data=data)
+        return Fields.event_of(Form.GUARD, EVENTS[0], data, int(step) if step else None)
     if (match := _HALT.search(line)) is not None:
         codes = [(code.decode(), signature.decode()) for code, signature in _CODE.findall(match.group(2))]
-        return Fields(Form.GUARD, kind=EVENT, event=EVENTS[1], step=int(match.group(1)), data={"codes": codes})
+        return Fields.event_of(Form.GUARD, EVENTS[1], {"codes": codes}, int(match.group(1)))
     return None

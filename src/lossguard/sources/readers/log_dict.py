@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Container
 
 from lossguard.sources import patterns as P
 from lossguard.sources.readers.fields import EVAL, TRAIN, Fields, Form
@@ -34,14 +35,12 @@ _SIGNAL_KEY = re.compile(rb"(?i)loss|grad_norm|learning.rate|eval_|train_runtime
 _QUOTES = (b"'", b'"')
 
 
-def read(line: bytes) -> Fields | None:
-    """The fields of the last log dict on `line`, or None when it holds none (or one of no metric)."""
-    found = find(line)
-    return None if found is None else read_found(line, *found)
+COPY = Fields(Form.LOG_DICT)  # `read`'s answer for a dict whose text is in `copies`
 
 
-def find(line: bytes) -> tuple[int, bytes] | None:
-    """(where the dict starts, its text up to its closing brace, or to the line's end when it is open)."""
+def read(line: bytes, copies: Container[bytes] = ()) -> Fields | None:
+    """The fields of the last log dict on `line`; None when it holds none (or one of no metric); `COPY` when
+    its text is one of `copies` (another node's copy of a dict already read: the placer's recent dicts)."""
     # The last `{'` or `{"`: the last brace (one memrchr) when a quote follows it, as it nearly always does.
     start = line.rfind(b"{")
     if line[start + 1:start + 2] not in _QUOTES:
@@ -51,25 +50,34 @@ def find(line: bytes) -> tuple[int, bytes] | None:
     if start < 0:
         return None
     end = line.find(b"}", start)
-    text = line[start:] if end < 0 else line[start:end + 1]
+    if end < 0:
+        text = line[start:]
+        return _open(text) if b"loss" in text or _SIGNAL_KEY.search(text) else None
+    text = line if not start and end == len(line) - 1 else line[start:end + 1]  # alone on its line: no copy
     if b"loss" not in text and not _SIGNAL_KEY.search(text):
         return None
-    return start, text
-
-
-def read_found(line: bytes, start: int, text: bytes) -> Fields | None:
-    """The fields of the dict `find` found at `start` of `line`."""
-    if text[-1:] != b"}":
-        return _open(text)
-    signals = _known_shape(text)
-    if signals is not None:
-        step, is_eval, summary = None, False, False
+    if text in copies:
+        return COPY
+    for pattern in _last:  # a known shape (below): one regex match reads the whole dict
+        match = pattern.fullmatch(text)
+        if match is not None:
+            signals = {}
+            for index, name in _NAMED[pattern]:
+                raw = match.group(index + 1)
+                try:
+                    signals[name] = float(raw)
+                except ValueError:  # a shape's group holds no quote at its ends: most values take float()
+                    if (value := hf_value(raw)) is not None:
+                        signals[name] = value
+            step, is_eval, summary = None, False, False
+            break
     else:
         pairs = P.HF_PAIR.findall(text)
         if not pairs:
             return None
         signals, step, is_eval, summary = pair_values(pairs, text)
-    fields = Fields(Form.LOG_DICT, signals, step, EVAL if is_eval else TRAIN, summary=summary, text=text)
+    fields = Fields(Form.LOG_DICT, signals, step, EVAL if is_eval else TRAIN)
+    fields.summary, fields.text = summary, text
     if start and step is None and (counters := P.TQDM_COUNTER.findall(line, 0, start)):
         fields.counter = (int(counters[-1][0]), int(counters[-1][1]))  # the bar printed with the log
     return fields
@@ -83,7 +91,9 @@ def _open(text: bytes) -> Fields | None:
     signals, step, is_eval, _ = pair_values(pairs)
     if not signals:
         return None
-    return Fields(Form.LOG_DICT, signals, step, EVAL if is_eval else TRAIN, text=text, open=True)
+    fields = Fields(Form.LOG_DICT, signals, step, EVAL if is_eval else TRAIN)
+    fields.text, fields.open = text, True
+    return fields
 
 
 def joined_signals(text: bytes) -> dict[str, float]:
@@ -152,16 +162,10 @@ _tried: dict[tuple[bytes, ...], int] = {}  # key set -> shapes built for it, kep
 _last: list[re.Pattern[bytes]] = []  # the shapes of the key set of the last dict: the next is most likely one
 
 
-def _known_shape(text: bytes) -> dict[str, float] | None:
-    """The signals of a dict printed exactly as a plain-metrics dict before it was (one `fullmatch` instead of
-    a `findall` and a lookup per key); None for any other dict. A shape admits only values the pair regex
-    reads the same way (no quote, comma or brace inside, no leading space), so it gives what `pair_values`
-    gives (tests/unit/test_text_source.py holds the two to it). A memo: it changes no result."""
-    for pattern in _last:
-        match = pattern.fullmatch(text)
-        if match is not None:
-            return _floats(_NAMED[pattern], match.groups())
-    return None
+# A dict printed exactly as a plain-metrics dict before it was is read with one `fullmatch` of that shape
+# instead of a `findall` and a lookup per key (`read_found`). A shape admits only values the pair regex reads the
+# same way (no quote, comma or brace inside, no leading space), so it gives what `pair_values` gives
+# (tests/unit/test_text_source.py holds the two to it). A memo: it changes no result.
 
 
 def _learn(pairs: list[tuple[bytes, bytes]], text: bytes) -> None:
@@ -213,17 +217,3 @@ def _shape(text: bytes) -> re.Pattern[bytes] | None:
         return None
     _NAMED[pattern] = tuple(named)
     return pattern
-
-
-def _floats(named: tuple[tuple[int, str], ...], groups: tuple[bytes, ...]) -> dict[str, float]:
-    """`hf_value` of each named group, its common case first (this runs once per log line). A shape's group
-    holds no quote at its ends (a quoted value's group is its inside), so `float()` takes most as they are."""
-    signals = {}
-    for index, name in named:
-        raw = groups[index]
-        try:
-            signals[name] = float(raw)
-        except ValueError:
-            if (value := hf_value(raw)) is not None:
-                signals[name] = value
-    return signals

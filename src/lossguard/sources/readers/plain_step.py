@@ -39,7 +39,9 @@ def read(line: bytes) -> list[Fields] | None:
     step = int(match.group(2))
     out = []
     if evaluated:
-        out.append(Fields(Form.PLAIN, evaluated, step, EVAL, rank=rank))
+        out.append(Fields(Form.PLAIN, evaluated, step, EVAL))
+        out[-1].rank = rank
     if signals:
-        out.append(Fields(Form.PLAIN, signals, step, rank=rank, estimate=bool(evaluated)))
+        out.append(Fields(Form.PLAIN, signals, step))
+        out[-1].rank, out[-1].estimate = rank, bool(evaluated)
     return out
