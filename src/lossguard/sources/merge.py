@@ -28,8 +28,8 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
         # DeepSpeed log): the dispatch would hand it to this same reader and placer, and its record to `_merge`.
         # Its record would join `pending` in `_merge` (a train record of no rank, at an estimated step, takes
         # the step= line's step): `_absorb` does that join without building the record.
-        if pending_guessed and b"skipped=" in line and b"{" not in line and pending is not placer.provisional \
-                and pending.kind == TRAIN and pending.rank is None and (fields := read_step_line(line)) is not None:
+        if pending_guessed and pending.kind == TRAIN and pending.rank is None and pending is not placer.provisional \
+                and (fields := read_step_line(line)) is not None and b"{" not in line:
             pending.step = placer.note_ds_step(fields.step)
             _absorb(pending, fields.signals, False)
             pending_guessed = False

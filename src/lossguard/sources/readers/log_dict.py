@@ -61,9 +61,9 @@ def read(line: bytes, copies: Container[bytes] = ()) -> Fields | None:
     for pattern in _last:  # a known shape (below): one regex match reads the whole dict
         match = pattern.fullmatch(text)
         if match is not None:
-            signals = {}
+            signals, groups = {}, match.groups()
             for index, name in _NAMED[pattern]:
-                raw = match.group(index + 1)
+                raw = groups[index]
                 try:
                     signals[name] = float(raw)
                 except ValueError:  # a shape's group holds no quote at its ends: most values take float()
