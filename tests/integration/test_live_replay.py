@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.live_helpers import SRC, run_job  # noqa: E402
 
-SCENARIOS = ["clean", "transient", "poison", "resume", "masked"]
+SCENARIOS = ["clean", "transient", "poison", "resume", "all_bad", "masked"]
 POISON_INDEX, MASKED = 13, [16, 18, 20, 22]
 
 
@@ -91,6 +91,18 @@ def test_a_fully_masked_micro_batch_is_quarantined_without_a_replay(job):
     assert all(r["commits"] == [True, True, False, True, True, True, False, True] for r in ranks["masked"])
     lines = (out / "masked" / "events" / "quarantine.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["index"] for line in lines) == MASKED
+
+
+def test_when_every_sample_fails_the_state_is_at_fault_and_the_step_is_held(job):
+    out, ranks = job
+    events = _recoveries(out / "all_bad" / "events")
+    assert [(e["step"], e["kind"], e["ranks"], e["steps_lost"]) for e in events] == \
+        [(2, "held", [1], 1), (6, "held", [1], 1)]
+    assert len(events[0]["samples"]) == 4  # named in the record, but not quarantined
+    assert not (out / "all_bad" / "events" / "quarantine.jsonl").exists()
+    for rank in (0, 1):
+        assert ranks["all_bad"][rank]["commits"] == [step not in (2, 6) for step in range(1, 9)]
+        assert all(torch.isfinite(v).all() for v in _weights(out, "all_bad", rank).values())
 
 
 def test_every_rank_made_the_same_collectives(job):

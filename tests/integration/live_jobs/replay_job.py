@@ -10,6 +10,8 @@ the model has dropout, so the replay's RNG restore matters):
 - `poison`: the embedding row of token POISON_TOKEN is set to 1e38 (finite, but x4 overflows) and only
   dataset sample POISON_INDEX contains that token (rank 1's batch at step 2).
 - `resume`: a new run with a new Guard on `poison`'s events dir (its quarantine file).
+- `all_bad`: the same poisoned row, carried by every sample of rank 1's batch at step 2 (and 6): the state,
+  not one sample, is at fault: held.
 - `masked`: every label of the samples in rank 0's batch at step 3 is -100.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (losses, commits, the dataset indices each step saw, how many
 times `forward` was called, the collectives) and final-rank{r}.pt (its weights); rank 0 also summary.json.
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 
 VOCAB, SEQ, SIZE, EPOCHS = 16, 8, 32, 2
-TRANSIENT_STEP, POISON_TOKEN, POISON_INDEX, MASKED = 4, 15, 13, {16, 18, 20, 22}
+TRANSIENT_STEP, POISON_TOKEN, POISON_INDEX, MASKED, ALL_BAD = 4, 15, 13, {16, 18, 20, 22}, [9, 11, 13, 15]
 
 
 class Net(torch.nn.Module):
@@ -51,6 +53,8 @@ class Data(Dataset):
     def __init__(self, name: str) -> None:
         self.ids = torch.randint(0, POISON_TOKEN, (SIZE, SEQ), generator=torch.Generator().manual_seed(7))
         self.ids[POISON_INDEX, 3] = POISON_TOKEN  # harmless unless the row is poisoned
+        if name == "all_bad":
+            self.ids[ALL_BAD, 5] = POISON_TOKEN
         self.name = name
 
     def __len__(self) -> int:
@@ -73,7 +77,7 @@ def run(out_dir: str, name: str) -> None:
     os.makedirs(work, exist_ok=True)
     torch.manual_seed(0)
     net = Net()
-    if name in ("poison", "resume"):
+    if name in ("poison", "resume", "all_bad"):
         with torch.no_grad():
             net.emb.weight[POISON_TOKEN] = 1e38
     model = torch.nn.parallel.DistributedDataParallel(net)
