@@ -62,6 +62,10 @@ def test_poisoned_sample_is_named_quarantined_and_never_seen_again(job):
     assert len(sample["hash"]) == 16
     lines = (out / "poison" / "events" / "quarantine.jsonl").read_text().splitlines()
     assert [json.loads(line)["hash"] for line in lines] == [sample["hash"]]
+    terminal = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(out / "poison" / "events")],
+                              env={"PYTHONPATH": str(SRC), "COLUMNS": "400"}, capture_output=True, text=True,
+                              timeout=120).stdout
+    assert f"{sample['hash']} (index {POISON_INDEX})" in terminal
     seen = [i for rank in ranks["poison"] for step in rank["seen"] for i in step]
     assert seen.count(POISON_INDEX) == 1  # handed out once (step 2), quarantined, skipped in the second epoch
     for rank in (0, 1):
