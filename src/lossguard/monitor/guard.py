@@ -147,8 +147,11 @@ class Guard:
         if hold is None:
             return True
         if replaying:
-            return replay.Replayer(self.monitor, model or self.model, self.quarantine).classify(
-                hold, batch, forward, self._rng)
+            try:  # `forward` errors are caught per rank inside and travel in the exchange: all ranks agree
+                return replay.Replayer(self.monitor, model or self.model, self.quarantine).classify(
+                    hold, batch, forward, self._rng)
+            except Exception as exc:  # past that (the recompute, the exchange itself): report, hold the step
+                self.monitor._fail(exc, "replay")
         for param in (model or self.model).parameters():
             param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
         return False
