@@ -90,6 +90,13 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplet
     return diagnosis
 
 
+def sample_names(samples: list) -> str:
+    """The quarantined samples of a recovery as a report shows them: `hash (index N)`, comma-separated."""
+    names = [f"{s.get('hash')}" + (f" (index {s['index']})" if isinstance(s.get("index"), int) else "")
+             for s in samples if isinstance(s, dict)]
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
 def recovered_finding(recoveries: list[dict[str, Any]]) -> Finding:
     """REC001: the live guard recovered steps in place; the run finished, but not on every batch."""
     parts = [f"step {r['step']} ({r['kind']}: {r['signature']} {r['code']} on rank(s) "

@@ -6,9 +6,8 @@ records, in rank order, into its own `Engine`. Above it, the ranks all-reduce a 
 (`dist.reduce_summary`, monitor/summary.py) and feed one run-level record; they gather the rows only on the
 steps the summary (or the schedule: the first step, fingerprint steps, the steps just after a finding's
 cause) says to look at rank by rank. Either way the records, and so the findings and the halt decision,
-are the same on every rank at the same step, and so is the choice of collectives. Local failures travel
-in the vector too (the `error` slot), so the ranks also agree on when to stop analysing: the collective
-path never diverges.
+are the same on every rank at the same step, and so is the choice of collectives. Local failures travel in
+the vector too (the `error` slot), so the ranks agree on when to stop analysing: the path never diverges.
 """
 
 from __future__ import annotations
@@ -50,11 +49,10 @@ class Monitor:
         self.engine = Engine(make_detectors() if options.detectors is None else options.detectors)
         self.rules = halt_rules(options.halt_on)
         self.halted_at: int | None = None
-        # recover=True: the commit gate (monitor/recover.py) for `end_step(gating=True)`; `held`: its last
-        # decision (None: committed). `lag` 1: steps end before the optimizer step (`Guard.commit`).
+        # recover=True: the commit gate (monitor/recover.py); `held`: its last decision (None: committed)
         self.gate = Gate(options.recovery) if options.recovery is not None else None
         self.held: Hold | None = None
-        self.lag = 0
+        self.lag = 0  # 1: steps end before the optimizer step (`Guard.commit`)
         self.disabled = False  # agreed by every rank: analysis off, no more collectives
         self._local_error: str | None = None
         self._error_reported = False
@@ -215,6 +213,8 @@ class Monitor:
         """A held step: its `recovery` line on every rank, said on rank 0; its rows reach no detector."""
         self.held = hold
         self._emit_records(leading)
+        if self.gate.replay:  # a replay follows: monitor/replay.py records what the step turns out to be
+            return
         if self.jsonl is not None:
             self.jsonl.write(self.gate.event(hold))
         if self.rank == 0 and self.options.console:

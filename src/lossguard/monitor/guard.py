@@ -24,17 +24,34 @@ masked, is held on every rank together (monitor/recover.py): the optimizer and s
 the held gradients are dropped, weights and optimizer state stay exactly as they were. Past the budget the
 run halts as with `halt_on` (LossguardHalt from `commit`, before the bad step is applied).
 
+To have a held step replayed and classified instead of dropped (monitor/replay.py), let the guard hand out
+the batches and give `commit` a closure that recomputes the loss of a batch:
+
+    for batch in guard.batches(loader):                # records the RNG state, skips quarantined samples
+        loss = model(**batch).loss
+        loss.backward()
+        if guard.commit(loss=loss, batch=batch, forward=lambda b: model(**b).loss):
+            optimizer.step(); scheduler.step()
+        optimizer.zero_grad()
+
+A fault that does not come back on the replay is `transient` (the replay is committed); one that does is
+traced to the sample(s) whose own loss is non-finite, which are quarantined (`quarantine.jsonl` in the
+events dir, honoured by `batches` for the rest of the run and by a new Guard on the same events dir) and
+the rest of the batch committed (`sample`); a micro-batch with every label masked is quarantined without a
+replay. One micro-batch per optimizer step (no gradient accumulation) in this version.
+
 `exit_code_on_halt=N`: after a halt, closing the guard (`close()`, or leaving its `with` block) raises
 `SystemExit(N)` on every rank, so the script ends with status N (`exit_after_halt`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from lossguard.monitor import dist, tensors
+from lossguard.monitor import dist, quarantine, replay, tensors
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.options import GuardOptions
 from lossguard.monitor.sinks import say
@@ -68,6 +85,22 @@ class Guard:
         self.optimizer = optimizer
         self.monitor = Monitor(options, model, optimizer=optimizer, facts=facts, entry=entry)
         self.num_steps = 0
+        self.quarantine = quarantine.Quarantine(options.events_dir)
+        self._rng: dict[str, Any] | None = None  # the RNG state the last batch of `batches` was handed out with
+
+    def batches(self, loader: Any) -> Iterator[Any]:
+        """`loader`'s batches, each without its quarantined samples, the RNG state recorded as it is handed
+        out (what a replay restores). A batch whose every sample is quarantined still comes out, on every
+        rank alike (the ranks must step together), with its labels masked: the gate holds that step."""
+        for batch in loader:
+            keep = self.quarantine.kept(batch)
+            if keep:
+                batch = quarantine.select(batch, keep)
+            elif keep == [] and isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):
+                batch = {**batch, "labels": torch.full_like(batch["labels"], -100)}
+            if self.monitor.gate is not None:
+                self._rng = replay.capture_rng()
+            yield batch
 
     def observe(self, *, loss: torch.Tensor | None = None, batch: Any = None, labels: Any = None) -> None:
         """One micro-batch: its loss (before any filtering) and its batch or labels."""
@@ -92,7 +125,7 @@ class Guard:
 
     def commit(self, *, loss: torch.Tensor | None = None, batch: Any = None, labels: Any = None,
                model: Any = None, optimizer: Any = None, grad_norm: Any = None, step: int | None = None,
-               lrs: list[float] | None = None) -> bool:
+               lrs: list[float] | None = None, forward: Callable[[Any], torch.Tensor] | None = None) -> bool:
         """End of one optimizer step, called after `backward()` and BEFORE `optimizer.step()`, in place of
         `step()`: True to apply the step (`optimizer.step()`, `scheduler.step()`), False to skip it.
 
@@ -100,11 +133,25 @@ class Guard:
         (the decision comes from the per-step exchange, no extra collective) and the guard has set the
         gradients of the model's parameters to None. Raises `LossguardHalt` on a halt (a `halt_on` match,
         or the recovery budget spent), before the step is applied. The weights' fingerprint and update
-        ratio are measured one step later than with `step()`: they are read before the update."""
+        ratio are measured one step later than with `step()`: they are read before the update.
+
+        `forward` (with `batch`): a closure returning the loss of a batch; a held step is then replayed
+        and classified on every rank together (True when the replay or the batch's kept samples are to
+        be committed: their gradients are in place). Use `batches(loader)` for the RNG state."""
         self.monitor.lag = 1
+        replaying = forward is not None and batch is not None and self.monitor.gate is not None
+        if self.monitor.gate is not None:
+            self.monitor.gate.replay = replaying
         self._end(loss, batch, labels, model, optimizer, grad_norm, step, False, lrs, gating=True)
-        if self.monitor.held is None:
+        hold = self.monitor.held
+        if hold is None:
             return True
+        if replaying:
+            try:  # `forward` errors are caught per rank inside and travel in the exchange: all ranks agree
+                return replay.Replayer(self.monitor, model or self.model, self.quarantine).classify(
+                    hold, batch, forward, self._rng)
+            except Exception as exc:  # past that (the recompute, the exchange itself): report, hold the step
+                self.monitor._fail(exc, "replay")
         for param in (model or self.model).parameters():
             param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
         return False

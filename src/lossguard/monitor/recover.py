@@ -11,9 +11,10 @@ applied: it is not part of the run's trajectory, and a detector that reports a f
 later, real one); it is written to every rank's events file as a `recovery` line with the values that
 triggered it, and `lossguard analyze` lists it under `recoveries`.
 
-Only `held` is recorded in this tier: the batch is dropped, not replayed. Replaying it to tell a transient
-fault from a reproducible one (`transient` / `sample`, with quarantine) and rolling back from snapshots
-(`rollback`) come in later tiers.
+When `Guard.commit` is given the batch and a `forward` closure, the held step is then replayed to tell a
+transient fault from a reproducible one (`transient` / `sample`, with quarantine: monitor/replay.py), which
+writes the line instead; without them the step is `held`: the batch dropped. Rolling back from snapshots
+(`rollback`) comes in a later tier.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Gate:
     options: RecoverOptions
     held_steps: deque = field(default_factory=deque)
     num_held: int = 0
+    replay: bool = False  # set by `Guard.commit` when it will replay a held step (monitor/replay.py)
 
     def judge(self, step: int, rows: list[list[float]] | None, seen: summary.Summary | None) -> Hold | None:
         """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lossguard.core.findings import Finding
+from lossguard.diagnose.diagnosis import sample_names
 from lossguard.diagnose.ranking import Cause
 from lossguard.report import html_assets
 from lossguard.report import html_sections as sections
@@ -195,10 +196,10 @@ def _recovered_table(diagnosis) -> Table | None:
     if not diagnosis.recoveries:
         return None
     rows = [[r["step"], ", ".join(map(str, r["ranks"])), r["kind"], r["signature"], r["code"], r["steps_lost"],
-             r["action"]] for r in diagnosis.recoveries]
-    return Table("Recovered", ["step", "ranks", "kind", "signature", "code", "steps lost", "action"], rows,
-                 note="Steps the live guard (recover=True) held on every rank instead of applying; "
-                      "each is marked 'held' on the plots.")
+             sample_names(r["samples"]), r["action"]] for r in diagnosis.recoveries]
+    return Table("Recovered", ["step", "ranks", "kind", "signature", "code", "steps lost", "samples", "action"],
+                 rows, note="Steps the live guard (recover=True) held, replayed or recomputed on every rank "
+                            "instead of applying as they came; each is marked 'held' on the plots.")
 
 
 def _version() -> str:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lossguard.core.findings import Severity
-from lossguard.diagnose.diagnosis import Diagnosis, deciding_facts
+from lossguard.diagnose.diagnosis import Diagnosis, deciding_facts, sample_names
 from lossguard.report.timeline import onset_rows
 
 _VERDICT_STYLE = {"healthy": "bold green", "warning": "bold yellow", "broken": "bold red"}
@@ -42,12 +42,15 @@ def _recovered(console: Console, diagnosis: Diagnosis) -> None:
     """What the live guard recovered in place: the run finished, but these steps did not go as trained."""
     if not diagnosis.recoveries:
         return
-    console.print(Text(f"recovered ({len(diagnosis.recoveries)} step(s) held by the live guard)", style="bold yellow"))
+    console.print(Text(f"recovered ({len(diagnosis.recoveries)} step(s) recovered in place by the live guard)",
+                       style="bold yellow"))
     for r in diagnosis.recoveries:
         ranks = ", ".join(map(str, r["ranks"])) or "?"
+        named = sample_names(r["samples"])
         console.print(Text.assemble((f"  step {r['step']:<7}", "bold"), (f"{r['kind']:<10}", "yellow"),
                                     f"{r['signature']} ({r['code']}) on rank(s) {ranks}; {r['action']}; "
-                                    f"{r['steps_lost']} step(s) lost"))
+                                    + (f"sample(s) {named}; " if named else "")
+                                    + f"{r['steps_lost']} step(s) lost"))
 
 
 def _facts(console: Console, diagnosis: Diagnosis) -> None:
