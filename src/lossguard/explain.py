@@ -85,8 +85,11 @@ RECOVERED = """\
 REC001 recovered (warning): the live guard (`recover=True`) recovered steps in place: the run finished, but
 each listed fault happened. The JSON report's `recoveries` lists each one: step, ranks, kind, samples,
 steps lost, signature, code and the action taken. Kinds: `held` (the commit gate skipped the optimizer step
-on every rank and dropped the batch); `transient`, `sample` and `rollback` are not recorded yet. A run that
-would otherwise be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and ranks; a
+on every rank and dropped the batch); `transient` (the held batch, replayed with the RNG state it first ran
+with, did not fault again: the replay was applied); `sample` (the replay faulted again; a forward per sample
+named the samples whose loss is non-finite: they were quarantined, listed by token-id hash and dataset index,
+and the rest of the batch was applied). Rollback to a snapshot is not built yet. A run that would otherwise
+be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and ranks; a
 fault that keeps coming back needs its cause fixed, not more recoveries."""
 
 
