@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lossguard.core.records import EVAL, EVENT, TRAIN, Record
-from lossguard.core.signals import canonical, to_float
+from lossguard.core.signals import to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
 from lossguard.sources.scan import ScanCounts, bounded_lines
@@ -194,7 +194,7 @@ def _tag_signal(path: Path) -> str | None:
     if match is None:
         return None
     tag = match.group(1)
-    return canonical(tag) or canonical(tag.replace("_", "/", 1))
+    return meaning(tag).catalog or meaning(tag.replace("_", "/", 1)).catalog
 
 
 class CsvSource:
@@ -208,7 +208,7 @@ class CsvSource:
             return False
         header = head.split(b"\n", 1)[0].decode("utf-8", "replace").lower()
         cols = [c.strip() for c in header.replace("\t", ",").split(",")]
-        named = any(canonical(c) for c in cols) or "value" in cols and _tag_signal(path) is not None
+        named = any(meaning(c).catalog for c in cols) or "value" in cols and _tag_signal(path) is not None
         return any(is_step(c) for c in cols) and named
 
     def parse(self, path: Path) -> Iterator[Record]:

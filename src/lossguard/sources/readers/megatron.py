@@ -11,9 +11,10 @@ catalog's cumulative `skipped_steps`.
 
 from __future__ import annotations
 
-from lossguard.core.signals import canonical, to_float
+from lossguard.core.signals import to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.readers.fields import Fields, Form
+from lossguard.sources.vocabulary import meaning
 
 
 def read(line: bytes) -> Fields | None:
@@ -23,6 +24,6 @@ def read(line: bytes) -> Fields | None:
     signals: dict[str, float] = {}
     for raw_key, raw_value in P.MEGATRON_FIELD.findall(line):
         key, value = raw_key.decode().strip(), to_float(raw_value.decode())
-        if value is not None and (name := canonical(key)) is not None:
+        if value is not None and (name := meaning(key).catalog) is not None:
             signals[name] = value  # `skipped_steps` here is this interval's count, not yet cumulative
     return Fields(Form.MEGATRON, signals, int(match.group(1)))

@@ -9,9 +9,10 @@
 
 from __future__ import annotations
 
-from lossguard.core.signals import canonical, to_float
+from lossguard.core.signals import to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.readers.fields import EVAL, TRAIN, Fields, Form
+from lossguard.sources.vocabulary import meaning
 
 
 def read(line: bytes) -> Fields | None:
@@ -22,7 +23,7 @@ def read(line: bytes) -> Fields | None:
     step = int(index) if epoch is None else (int(epoch) - 1) * int(total) + int(index)
     signals: dict[str, float] = {}
     for raw_key, raw_value in P.MMENGINE_FIELD.findall(line, match.end()):
-        name = canonical(raw_key.decode())
+        name = meaning(raw_key).catalog
         value = to_float(raw_value.decode())
         if name is not None and value is not None:
             signals["eval_loss" if mode == b"val" and name == "loss" else name] = value

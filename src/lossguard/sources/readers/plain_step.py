@@ -15,10 +15,11 @@ averages it over batches) and is no step's loss: the step's own line after it re
 
 from __future__ import annotations
 
-from lossguard.core.signals import canonical, to_float
+from lossguard.core.signals import to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.readers.events import as_int
 from lossguard.sources.readers.fields import EVAL, Fields, Form
+from lossguard.sources.vocabulary import meaning
 
 
 def read(line: bytes) -> list[Fields] | None:
@@ -28,7 +29,7 @@ def read(line: bytes) -> list[Fields] | None:
     signals: dict[str, float] = {}
     evaluated: dict[str, float] = {}
     for prefix, raw_key, raw_value in P.PLAIN_FIELD.findall(line, match.end()):
-        name = canonical(raw_key.decode())
+        name = meaning(raw_key).catalog
         value = to_float(raw_value.decode())
         if name is not None and value is not None:
             is_eval = name == "eval_loss" or (name == "loss" and prefix not in (b"", b"train"))
