@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import dist, quarantine, replay, tensors
+from lossguard.monitor import dist, quarantine, replay, snapshots, tensors
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.options import GuardOptions
 from lossguard.monitor.sinks import say
@@ -68,8 +68,12 @@ class LossguardHalt(RuntimeError):
 
 
 class Guard:
-    def __init__(self, model: torch.nn.Module, optimizer: Any = None, **options: Any) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, scheduler: Any = None,
+                 **options: Any) -> None:
+        """`scheduler`: the LR scheduler, when snapshots (`RecoverOptions(snapshot_every=S)`) are to hold
+        and restore its state with the optimizer's."""
         self._start(model, optimizer, GuardOptions(**options), _torch_facts(), "guard")
+        self.scheduler = scheduler
 
     @classmethod
     def for_entry(cls, model: torch.nn.Module, optimizer: Any, options: GuardOptions, *,
@@ -87,12 +91,17 @@ class Guard:
         self.num_steps = 0
         self.quarantine = quarantine.Quarantine(options.events_dir)
         self._rng: dict[str, Any] | None = None  # the RNG state the last batch of `batches` was handed out with
+        self.scheduler = None
+        self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
+        every = options.recovery.snapshot_every if options.recovery is not None else 0
+        self.ring = snapshots.Ring(every, options.recovery.keep) if every else None
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches, each without its quarantined samples, the RNG state recorded as it is handed
         out (what a replay restores). A batch whose every sample is quarantined still comes out, on every
         rank alike (the ranks must step together), with its labels masked: the gate holds that step."""
         for batch in loader:
+            self.handed += 1
             keep = self.quarantine.kept(batch)
             if keep:
                 batch = quarantine.select(batch, keep)
@@ -140,12 +149,16 @@ class Guard:
         be committed: their gradients are in place). Use `batches(loader)` for the RNG state."""
         self.monitor.lag = 1
         replaying = forward is not None and batch is not None and self.monitor.gate is not None
-        if self.monitor.gate is not None:
-            self.monitor.gate.replay = replaying
+        if self.monitor.gate is not None:  # with snapshots, the held step's record waits for the rollback check
+            self.monitor.gate.replay = replaying or self.ring is not None
         self._end(loss, batch, labels, model, optimizer, grad_norm, step, False, lrs, gating=True)
         hold = self.monitor.held
         if hold is None:
+            self._snapshot(model or self.model, optimizer or self.optimizer)
             return True
+        if self.ring is not None and self._rolled_back(hold, model or self.model, optimizer or self.optimizer,
+                                                       replaying):
+            return False
         if replaying:
             try:  # `forward` errors are caught per rank inside and travel in the exchange: all ranks agree
                 return replay.Replayer(self.monitor, model or self.model, self.quarantine).classify(
@@ -154,6 +167,36 @@ class Guard:
                 self.monitor._fail(exc, "replay")
         for param in (model or self.model).parameters():
             param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
+        return False
+
+    def _position(self) -> int:
+        """Batches handed out before the current step's (one per step when the loop does not use `batches`)."""
+        return (self.handed or self.num_steps) - 1
+
+    def _snapshot(self, model: Any, optimizer: Any) -> None:
+        """The state before this committed step is applied, every S steps (the step number decides: every
+        rank takes it at the same step, no collective). A failure here is this rank's: `decide` only rolls
+        back to a snapshot every rank holds."""
+        if self.ring is None or self.monitor.disabled or not self.ring.due(self.num_steps):
+            return
+        try:
+            self.ring.take(self.num_steps, self._position(), model, optimizer, self.scheduler)
+        except Exception as exc:
+            self.monitor._fail(exc, "snapshot")
+
+    def _rolled_back(self, hold: Any, model: Any, optimizer: Any, replaying: bool) -> bool:
+        """Snapshots on and the step held: roll back when some rank's weights are non-finite (every rank
+        together), halt when there is nothing to go back to; else the gate's own path, its record written."""
+        outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1, model, optimizer,
+                                     self.scheduler)
+        if outcome == "halt":
+            self.monitor.halted_at = hold.step
+            raise LossguardHalt(hold.step)
+        if outcome == "rolled":
+            return True
+        if not replaying:  # the held step's record, which `Monitor._hold` left to this check
+            self.monitor.gate.replay = False
+            self.monitor._hold(hold, [])
         return False
 
     def _end(self, loss, batch, labels, model, optimizer, grad_norm, step, skipped, lrs, *, gating: bool) -> None:

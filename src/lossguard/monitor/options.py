@@ -31,14 +31,23 @@ class RecoverOptions:
     stream are bad, and holding more steps would hide a broken run behind a finishing one. A fault on
     every step (weights already non-finite: the gate cannot repair what was applied) halts at the
     fourth step.
+
+    `snapshot_every`: keep host snapshots of each rank's own state every S steps (monitor/snapshots.py), so a
+    fault seen only after the step was applied (non-finite weights) is rolled back; 0: off. Off by default:
+    a snapshot costs host memory per rank, about 12 bytes per parameter for fp32 Adam, times `keep` (2).
     """
 
     budget: int = 3
     window: int = 100
+    snapshot_every: int = 0
+    keep: int = 2
 
     def __post_init__(self) -> None:
         problems = [f"recover.{name} must be an int >= 1, got {getattr(self, name)!r}"
-                    for name in ("budget", "window") if not _positive_int(getattr(self, name))]
+                    for name in ("budget", "window", "keep") if not _positive_int(getattr(self, name))]
+        every = self.snapshot_every
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            problems.append(f"recover.snapshot_every must be an int >= 0, got {every!r}")
         if not problems and self.budget > self.window:
             problems.append(f"recover.budget ({self.budget}) must not exceed recover.window ({self.window})")
         if problems:

@@ -1,0 +1,73 @@
+"""Two-rank plain DDP loop (gloo) with `Guard(recover=RecoverOptions(snapshot_every=3), scheduler=...)`.
+
+    torchrun --nproc_per_node 2 rollback_job.py OUT_DIR SCENARIO [SCENARIO ...]
+
+Scenarios: `nan_weights` (rank 1 writes NaN into its weights right after `optimizer.step()` of step
+NAN_STEP), `snap_healthy` (snapshots on, no fault), `plain` (the same run without lossguard). Every rank
+writes OUT_DIR/SCENARIO/rank{r}.json: its losses, what commit returned, whether its final weights are
+finite, the halt, the final weights (rank{r}.pt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny  # noqa: E402
+from recover_job import Net, batch_at  # noqa: E402
+
+STEPS, NAN_STEP, EVERY = 12, 5, 3
+
+
+def run(out_dir: str, name: str) -> None:
+    import lossguard
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    work = os.path.join(out_dir, name)
+    os.makedirs(work, exist_ok=True)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Net())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    guard = None if name == "plain" else lossguard.Guard(
+        model, optimizer, scheduler=scheduler, events_dir=os.path.join(work, "events"), fingerprint_every=4,
+        recover=lossguard.RecoverOptions(snapshot_every=EVERY))
+    out: dict = {"losses": [], "commits": [], "halted_at": None}
+    loader = [batch_at(step, rank) for step in range(1, STEPS + 1)]
+    try:
+        for batch in (loader if guard is None else guard.batches(loader)):
+            loss = model(batch["ids"], batch["labels"])
+            loss.backward()
+            out["losses"].append(loss.item())
+            ok = True if guard is None else guard.commit(loss=loss, labels=batch["labels"])
+            out["commits"].append(ok)
+            if ok:
+                optimizer.step()
+                scheduler.step()
+            optimizer.zero_grad()
+            if name == "nan_weights" and rank == 1 and len(out["losses"]) == NAN_STEP:
+                with torch.no_grad():  # a fault the gate cannot see: it is applied after the step
+                    model.module.head.weight[0, 0] = float("nan")
+    except lossguard.LossguardHalt as halt:
+        out["halted_at"] = halt.step
+    if guard is not None:
+        guard.close()
+    out["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    out["scheduler"] = scheduler.state_dict()["last_epoch"]
+    torch.save({k: v.clone() for k, v in model.module.state_dict().items()}, os.path.join(work, f"rank{rank}.pt"))
+    with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
+        json.dump(out, fh)
+    if rank == 0:
+        with open(os.path.join(work, "summary.json"), "w") as fh:
+            json.dump({"findings": []}, fh)
+
+
+if __name__ == "__main__":
+    tiny.run_scenarios(run)
