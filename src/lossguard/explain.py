@@ -88,7 +88,9 @@ steps lost, signature, code and the action taken. Kinds: `held` (the commit gate
 on every rank and dropped the batch); `transient` (the held batch, replayed with the RNG state it first ran
 with, did not fault again: the replay was applied); `sample` (the replay faulted again; a forward per sample
 named the samples whose loss is non-finite: they were quarantined, listed by token-id hash and dataset index,
-and the rest of the batch was applied). Rollback to a snapshot is not built yet. A run that would otherwise
+and the rest of the batch was applied); `rollback` (weights turned non-finite after an applied step: every
+rank restored the newest host snapshot finite on every rank, `RecoverOptions(snapshot_every=S)`, and skipped
+the batches since it; `steps_lost` counts the steps undone). A run that would otherwise
 be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and ranks; a
 fault that keeps coming back needs its cause fixed, not more recoveries."""
 

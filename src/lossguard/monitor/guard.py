@@ -40,6 +40,10 @@ events dir, honoured by `batches` for the rest of the run and by a new Guard on 
 the rest of the batch committed (`sample`); a micro-batch with every label masked is quarantined without a
 replay. One micro-batch per optimizer step (no gradient accumulation) in this version.
 
+`recover=lossguard.RecoverOptions(snapshot_every=S)` (and `scheduler=` here): host snapshots of each rank's
+state every S steps; weights that turn non-finite after a step are rolled back on every rank to the same
+snapshot, the batches since it skipped (`rollback`, monitor/snapshots.py).
+
 `exit_code_on_halt=N`: after a halt, closing the guard (`close()`, or leaving its `with` block) raises
 `SystemExit(N)` on every rank, so the script ends with status N (`exit_after_halt`).
 """

@@ -13,8 +13,8 @@ triggered it, and `lossguard analyze` lists it under `recoveries`.
 
 When `Guard.commit` is given the batch and a `forward` closure, the held step is then replayed to tell a
 transient fault from a reproducible one (`transient` / `sample`, with quarantine: monitor/replay.py), which
-writes the line instead; without them the step is `held`: the batch dropped. Rolling back from snapshots
-(`rollback`) comes in a later tier.
+writes the line instead; without them the step is `held`: the batch dropped. With snapshots on, a held step whose cause
+is non-finite weights is rolled back first (`rollback`: monitor/snapshots.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.
     (monitor/quarantine.py), every rank recomputes its loss from its handout RNG state on the samples kept
     and runs backward, and the step is committed.
   * it faults again and no sample is named (the gradients, not the loss, are non-finite) or every sample
-    of a rank's batch fails: the state is bad, not the data: **held**, as tier 1 (rollback is tier 3).
+    of a rank's batch fails: the state is bad, not the data: **held**, as tier 1 (non-finite weights are rolled back
+    before any replay when snapshots are on: monitor/snapshots.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ ACTIONS = {
               "batch recomputed and committed",
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
     "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
-            "gradients do): the state is bad, not the data; the step held (rollback is not built yet)",
+            "gradients do): the state is bad, not the data; the step held",
 }
 
 
