@@ -48,17 +48,22 @@ def state(model, optimizer, scheduler) -> dict:
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
 
 
-def run(out_dir: str, name: str) -> None:
-    import lossguard
-
+def start(out_dir: str, name: str, make_net=Net):
+    """(rank, the scenario's folder, DDP model, Adam): what every recovery job's scenario starts from. The net
+    is built after the seed, so each scenario of a job starts from the same weights."""
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    rank = dist.get_rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(Net())
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model = torch.nn.parallel.DistributedDataParallel(make_net())
+    return dist.get_rank(), work, model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def run(out_dir: str, name: str) -> None:
+    import lossguard
+
+    rank, work, model, optimizer = start(out_dir, name)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     recover = lossguard.RecoverOptions(budget=2, window=10) if name == "over_budget" else True
     guard = None if name == "plain" else lossguard.Guard(

@@ -24,11 +24,11 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
+from recover_job import start  # noqa: E402
 
 VOCAB, SEQ, SIZE, EPOCHS = 16, 8, 32, 2
 TRANSIENT_STEP, POISON_TOKEN, POISON_INDEX, MASKED, ALL_BAD = 4, 15, 13, {16, 18, 20, 22}, [9, 11, 13, 15]
@@ -70,18 +70,15 @@ class Data(Dataset):
 def run(out_dir: str, name: str) -> None:
     import lossguard
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    work = os.path.join(out_dir, name)
-    os.makedirs(work, exist_ok=True)
-    torch.manual_seed(0)
-    net = Net()
-    if name in ("poison", "resume", "all_bad"):
-        with torch.no_grad():
-            net.emb.weight[POISON_TOKEN] = 1e38
-    model = torch.nn.parallel.DistributedDataParallel(net)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    def make_net() -> Net:
+        net = Net()
+        if name in ("poison", "resume", "all_bad"):
+            with torch.no_grad():
+                net.emb.weight[POISON_TOKEN] = 1e38
+        return net
+
+    rank, work, model, optimizer = start(out_dir, name, make_net)
+    net = model.module
     events = os.path.join(out_dir, "poison" if name == "resume" else name, "events")
     guard = lossguard.Guard(model, optimizer, events_dir=events, recover=True, fingerprint_every=4)
     data = Data(name)

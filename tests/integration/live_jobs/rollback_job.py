@@ -15,11 +15,10 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
-from recover_job import Net, batch_at  # noqa: E402
+from recover_job import batch_at, start  # noqa: E402
 
 STEPS, NAN_STEP, EVERY = 12, 5, 3
 
@@ -27,14 +26,7 @@ STEPS, NAN_STEP, EVERY = 12, 5, 3
 def run(out_dir: str, name: str) -> None:
     import lossguard
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    work = os.path.join(out_dir, name)
-    os.makedirs(work, exist_ok=True)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(Net())
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    rank, work, model, optimizer = start(out_dir, name)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     guard = None if name == "plain" else lossguard.Guard(
         model, optimizer, scheduler=scheduler, events_dir=os.path.join(work, "events"), fingerprint_every=4,
