@@ -24,7 +24,6 @@ class GuardReport(DetectorBase):
     (`events-rank*.jsonl`) beside the log."""
 
     wants = frozenset({"guard-finding", "guard-halt"})
-    calm: dict = {}  # events only: never batched
     code = "GUARD001"
     name = "guard.reported"
     signature = None
