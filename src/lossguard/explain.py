@@ -84,8 +84,10 @@ or the run's stdout log."""
 RECOVERED = """\
 REC001 recovered (warning): the live guard (`recover=True`) recovered steps in place: the run finished, but
 each listed fault happened. The JSON report's `recoveries` lists each one: step, ranks, kind, samples,
-steps lost, signature, code and the action taken. Kinds: `held` (the commit gate skipped the optimizer step
-on every rank and dropped the batch); `transient` (the held batch, replayed with the RNG state it first ran
+steps lost, signature, code and the action taken; `ranks` are those the fault started on. Kinds: `held`
+(the commit gate skipped the optimizer step on every rank and dropped the batch; under DeepSpeed the
+engine's step took its own overflow path, so weights, optimizer shards, scheduler and loss scale stayed as
+they were); `transient` (the held batch, replayed with the RNG state it first ran
 with, did not fault again: the replay was applied); `sample` (the replay faulted again; a forward per sample
 named the samples whose loss is non-finite: they were quarantined, listed by token-id hash and dataset index,
 and the rest of the batch was applied); `rollback` (weights turned non-finite after an applied step: every

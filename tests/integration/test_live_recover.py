@@ -57,7 +57,7 @@ def test_analyze_lists_the_recovery_and_warns(job):
     out, _ = job
     report = _analyze_json(out / "nan_once" / "events")
     assert report["recoveries"] == [{
-        "step": NAN_STEP, "ranks": [0, 1], "kind": "held", "samples": [], "steps_lost": 1,
+        "step": NAN_STEP, "ranks": [1], "kind": "held", "samples": [], "steps_lost": 1,
         "signature": "nonfinite", "code": "LOSS001", "action": report["recoveries"][0]["action"]}]
     assert report["recoveries"][0]["action"].startswith("held")
     assert report["verdict"] == "warning"

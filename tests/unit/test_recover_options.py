@@ -7,7 +7,13 @@ import json
 import pytest
 
 from lossguard.api import analyze
-from lossguard.monitor.options import GuardOptions, OptionError, RecoverOptions, refuse_recover
+from lossguard.monitor.options import (
+    GuardOptions,
+    OptionError,
+    RecoverOptions,
+    refuse_recover,
+    refuse_snapshots,
+)
 
 
 def test_recover_defaults_and_refinement():
@@ -38,9 +44,15 @@ def test_bad_recover_options(kwargs, said):
 
 
 def test_entry_points_without_a_gate_refuse_recover():
-    refuse_recover(GuardOptions(), "lossguard.attach")
-    with pytest.raises(OptionError, match="not supported by lossguard.attach"):
-        refuse_recover(GuardOptions(recover=True), "lossguard.attach")
+    refuse_recover(GuardOptions(), "LossguardLightningCallback")
+    with pytest.raises(OptionError, match="not supported by LossguardLightningCallback"):
+        refuse_recover(GuardOptions(recover=True), "LossguardLightningCallback")
+
+
+def test_entry_points_without_snapshots_refuse_them_but_take_the_gate():
+    refuse_snapshots(GuardOptions(recover=True), "lossguard.attach")
+    with pytest.raises(OptionError, match="snapshot_every=5 is not supported by lossguard.attach"):
+        refuse_snapshots(GuardOptions(recover=RecoverOptions(snapshot_every=5)), "lossguard.attach")
 
 
 def _events(path, lines):

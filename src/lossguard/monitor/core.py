@@ -22,7 +22,7 @@ from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
 from lossguard.core.records import TRAIN, Record, event
 from lossguard.detectors import make_detectors
-from lossguard.monitor import dist, summary, tensors, wire
+from lossguard.monitor import deferred, dist, first_step, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.recover import Gate, Hold
@@ -53,6 +53,11 @@ class Monitor:
         self.gate = Gate(options.recovery) if options.recovery is not None else None
         self.held: Hold | None = None
         self.lag = 0  # 1: steps end before the optimizer step (`Guard.commit`)
+        # DeepSpeed with recover: a step's grad norm, skips and scale are known only after it
+        # (monitor/deferred.py): `after_step` keeps them, the next exchange completes the step
+        self.deferred = False
+        self._pending: deferred.Pending | None = None
+        self._post: dict[str, Any] = {}
         self.disabled = False  # agreed by every rank: analysis off, no more collectives
         self._local_error: str | None = None
         self._error_reported = False
@@ -146,12 +151,15 @@ class Monitor:
         try:
             hold = self.gate.judge(step, rows, seen) if gating and self.gate is not None else None
             leading = [r for rank_events in gathered_events for r in (rank_events or [])] if first else []
+            found = self._complete_pending()
             if hold is not None and not hold.give_up:
                 self._hold(hold, leading)
+            elif self.deferred and hold is None:  # analysed at the next exchange, with its post-step values
+                self._pending = deferred.Pending(step, rows, seen, own, leading)
             else:  # committed, or the budget is spent: the step goes to the detectors as without recovery
-                found = self.analyse_rows(step, rows, leading, seen) if rows is not None else \
+                found += self.analyse_rows(step, rows, leading, seen) if rows is not None else \
                     self.analyse_summary(step, seen, own)
-                hits = should_halt(self.rules, found) or (found if hold is not None else [])
+            hits = should_halt(self.rules, found) or (found if getattr(hold, "give_up", False) else [])
         except Exception as exc:
             self._fail(exc, "analysis")
         if self._measured(step + 1) and not self._measured(step):  # else `ratios` kept this step's sample
@@ -173,6 +181,7 @@ class Monitor:
         try:
             self.grad_watch.remove()
             if not self.disabled:
+                self._complete_pending()
                 result = self.engine.finish()
                 known = {id(f) for f in self._emitted}
                 new = [f for f in result.findings if id(f) not in known]
@@ -200,7 +209,21 @@ class Monitor:
         """Steps that gathered every rank's row ("detail") and steps read from the summary alone."""
         return self.exchange.steps_by_path
 
+    def after_step(self, **post: Any) -> None:
+        """A deferred step's post-step values (`grad_norm`, `loss_scale`, `skipped_steps`), kept unread."""
+        self._post = post
+
     # -- internals -------------------------------------------------------------------------------
+    def _complete_pending(self) -> list[Finding]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        deferred.complete(pending, self._post, self.world_size)
+        self._post = {}
+        if pending.rows is not None:
+            return self.analyse_rows(pending.step, pending.rows, pending.leading, pending.seen)
+        return self.analyse_summary(pending.step, pending.seen, pending.own)
+
     def _scheduled(self, step: int) -> bool:
         every = self.options.fingerprint_every
         return every > 0 and (step == 1 or step % every == 0)
@@ -222,19 +245,7 @@ class Monitor:
 
     def _first_step_events(self) -> list[Record] | None:
         try:
-            out = []
-            in_opt = tensors.optimizer_params(self.optimizer) if self.optimizer is not None else None
-            if in_opt is not None:
-                ids = {id(p) for p in in_opt}
-                missing = [n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in ids]
-                if missing:
-                    out.append(event("trainable-not-in-optimizer", 1, self.rank, params=missing[:50],
-                                     count=len(missing)))
-            no_grad = self.grad_watch.no_grad()
-            if no_grad:
-                out.append(event("no-grad", 1, self.rank, params=no_grad[:50], count=len(no_grad),
-                                 num_trainable=len(self._trainable)))
-            return out
+            return first_step.events(self.model, self.optimizer, self.grad_watch, len(self._trainable), self.rank)
         except Exception as exc:
             self._fail(exc, "first-step checks")
             return None
@@ -255,18 +266,7 @@ class Monitor:
     def _step_values(self, step, micro, grad_norm, lrs, loss_scale, skipped) -> wire.StepValues:
         """This rank's measurements, still on the device: nothing here waits for the host."""
         values = wire.StepValues(grad_norm=grad_norm, loss_scale=loss_scale, skipped_steps=skipped, lrs=lrs or [])
-        losses = [(loss, w) for loss, _, w in micro if loss is not None]
-        if losses:
-            total = torch.stack([loss.to(self.device) for loss, _ in losses])
-            if all(w is not None for _, w in losses):
-                weight = torch.stack([w.to(self.device) for _, w in losses]).sum()
-                values.raw_loss = torch.where(weight > 0, total.sum() / weight.clamp_min(1.0), total.sum())
-            else:
-                values.raw_loss = total.mean()
-        counts = [tok for _, tok, _ in micro if tok is not None]
-        if counts:
-            stacked = torch.stack([c.to(self.device) for c in counts])
-            values.num_label_tokens, values.min_label_tokens = stacked.sum(), stacked.min()
+        wire.put_micro(values, micro, self.device)
         if self._measured(step):
             values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas
             values.update_ratios = self.updates.ratios(keep=self._measured(step + 1))

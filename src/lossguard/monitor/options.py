@@ -80,7 +80,8 @@ class GuardOptions:
     # After a halt, the process ends with this exit status once training has returned on every rank (the
     # entry point raises SystemExit; monitor/guard.py `exit_after_halt`). None: exit as the script does.
     exit_code_on_halt: int | None = None
-    # Hold a faulty step on every rank instead of applying it (`Guard.commit`, monitor/recover.py). False:
+    # Hold a faulty step on every rank instead of applying it (`Guard.commit`, `attach`'s and the Trainer
+    # callback's gated step: monitor/recover.py, adapters/deepspeed.py, adapters/hf_gate.py). False:
     # off; True: RecoverOptions() defaults; a RecoverOptions refines them.
     recover: bool | RecoverOptions = False
     detectors: list[Any] | None = field(default=None, compare=False)  # None: every registered detector
@@ -121,12 +122,21 @@ class GuardOptions:
         return RecoverOptions() if self.recover else None
 
 
+def refuse_snapshots(options: GuardOptions, entry: str) -> None:
+    """Under DeepSpeed the gate holds steps; snapshots and rollback are built for `Guard` only so far."""
+    if options.recovery is not None and options.recovery.snapshot_every:
+        raise OptionError(f"lossguard: recover.snapshot_every={options.recovery.snapshot_every} is not supported "
+                          f"by {entry} yet; in this version only lossguard.Guard keeps snapshots and rolls back. "
+                          "Set snapshot_every=0 here (the commit gate still holds faulty steps)")
+
+
 def refuse_recover(options: GuardOptions, entry: str) -> None:
     """The entry points that cannot hold a step yet refuse `recover` at once rather than ignore it."""
     if options.recovery is not None:
         raise OptionError(f"lossguard: recover={options.recover!r} is not supported by {entry} yet; in this "
-                          "version only lossguard.Guard(...).commit(...) (a plain PyTorch / DDP loop) holds "
-                          "steps. Remove `recover` here, or drive the loop with Guard.commit")
+                          "version lossguard.Guard(...).commit(...) (a plain PyTorch / DDP loop), "
+                          "lossguard.attach(engine) (DeepSpeed) and LossguardCallback (transformers.Trainer) "
+                          "hold steps. Remove `recover` here, or drive the loop with one of those")
 
 
 def halt_rules(halt_on: Any) -> list[tuple[str, Any]]:

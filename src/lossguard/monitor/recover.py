@@ -1,6 +1,8 @@
 """The commit gate (`recover=True`, tier 1): hold a faulty step on every rank before it is applied.
 
-`Guard.commit` runs the guard's per-step exchange before `optimizer.step()`. Every rank then holds every
+`Guard.commit` (and, with no change to the loop, `attach`'s wrapped `engine.step()` and the Trainer
+callback's `on_pre_optimizer_step`: adapters/deepspeed.py, adapters/hf_gate.py) runs the guard's per-step
+exchange before `optimizer.step()`. Every rank then holds every
 rank's row (below the world-size threshold; above it the summary, and the rows whenever the summary shows a
 non-finite or zero value, which every fault here is), so every rank reads the same faults from the same
 numbers and reaches the same decision: commit on all ranks, or hold on all ranks. No extra collective.
@@ -28,10 +30,12 @@ from lossguard.monitor import summary, wire
 from lossguard.monitor.options import RecoverOptions
 
 # (what the gate calls the fault, the slot it is read from, the signature and the detector code that names
-# the same fault when it is applied: LOSS001 for a non-finite loss or gradient, LABEL001 for masked labels)
-_FAULTS = (("non-finite loss", wire.RAW_LOSS, "nonfinite", "LOSS001"),
-           ("non-finite gradient norm", wire.GRAD_NORM, "nonfinite", "LOSS001"),
-           ("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-labels", "LABEL001"))
+# the same fault when it is applied: LOSS001 for a non-finite loss or gradient, LABEL001 for masked labels).
+# Causes first: a micro-batch with no label token also gives a NaN loss (a mean over no token), and the
+# step's signature is the first fault's.
+_FAULTS = (("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-labels", "LABEL001"),
+           ("non-finite loss", wire.RAW_LOSS, "nonfinite", "LOSS001"),
+           ("non-finite gradient norm", wire.GRAD_NORM, "nonfinite", "LOSS001"))
 _BITS = {wire.RAW_LOSS: wire.HAS_LOSS, wire.GRAD_NORM: wire.HAS_GRAD_NORM, wire.MIN_LABELS: wire.HAS_LABELS}
 ACTION = "held: optimizer.step() skipped on every rank, the held gradients dropped, the batch not replayed"
 
@@ -47,7 +51,9 @@ class Hold:
 
     @property
     def ranks(self) -> list[int]:
-        return sorted({r for fault in self.faults for r in fault["ranks"]})
+        """The ranks the fault started on: those of the first fault in cause order (a rank whose own loss is
+        non-finite, not every rank whose gradients the all-reduce averaged it into)."""
+        return sorted(self.faults[0]["ranks"])
 
     @property
     def signature(self) -> str:

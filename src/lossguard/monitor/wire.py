@@ -78,6 +78,23 @@ class StepValues:
     update_ratios: list[Any] | None = None
 
 
+def put_micro(values: StepValues, micro: list[tuple[Any, Any, Any]], device: torch.device) -> None:
+    """The step's loss and label counts from its micro-batches' (loss, label tokens, weight), on `device`.
+    Weighted (a per-token sum and its token count each): the per-token mean; else the mean of the losses."""
+    losses = [(loss, w) for loss, _, w in micro if loss is not None]
+    if losses:
+        total = torch.stack([loss.to(device) for loss, _ in losses])
+        if all(w is not None for _, w in losses):
+            weight = torch.stack([w.to(device) for _, w in losses]).sum()
+            values.raw_loss = torch.where(weight > 0, total.sum() / weight.clamp_min(1.0), total.sum())
+        else:
+            values.raw_loss = total.mean()
+    counts = [tok for _, tok, _ in micro if tok is not None]
+    if counts:
+        stacked = torch.stack([c.to(device) for c in counts])
+        values.num_label_tokens, values.min_label_tokens = stacked.sum(), stacked.min()
+
+
 @dataclass(frozen=True)
 class Layout:
     """The vector's shape for one run: how many learning rates and which module groups."""

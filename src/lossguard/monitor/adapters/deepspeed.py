@@ -4,17 +4,25 @@ Wraps the engine instance's `forward`, `backward` and `step` (the class is untou
 hook reads the labels, `backward` the raw loss, and `step` at an accumulation boundary ends the
 optimizer step. On a halt every rank saves a checkpoint (when `halt_checkpoint_dir` is set) and
 `step()` raises `LossguardHalt`; with `exit_code_on_halt`, `detach()` then exits with that status.
+
+`attach(engine, recover=True)` (or `recover=lossguard.RecoverOptions(budget=..., window=...)`): no change to
+the loop. A step whose loss is non-finite on any rank, or with a micro-batch whose labels are all masked,
+is held on every rank inside `engine.step()` (`EngineGate`): weights, fp32 master and optimizer state, LR
+scheduler and loss scale stay exactly as before it, under ZeRO-0/1/2/3, fp32, bf16 and fp16. Past the
+budget the run halts as above. Snapshots and rollback (`snapshot_every`) are `Guard`'s only so far.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from lossguard.monitor import tensors
+from lossguard.monitor.adapters import ds_hold
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import LossguardHalt, exit_after_halt
-from lossguard.monitor.options import GuardOptions, refuse_recover
+from lossguard.monitor.options import GuardOptions, refuse_snapshots
 
 
 def engine_facts(engine: Any) -> dict[str, Any]:
@@ -61,15 +69,52 @@ def _engine_lrs(engine: Any) -> list[float] | None:
         return None
 
 
+class EngineGate:
+    """`recover` on a DeepSpeed engine: the commit gate at each accumulation boundary's `engine.step()`.
+
+    The step's exchange runs before the step (loss and labels of its micro-batches; the LRs it will use);
+    a held step takes DeepSpeed's own overflow path on every rank (ds_hold.py); a committed one is stepped
+    and its post-step signals (grad norm, skips, loss scale, which exist only after the step) are kept for
+    the next exchange (monitor/deferred.py). A halt (the budget spent, or a finding on the step before)
+    comes before this step is applied: the step is held, and the caller halts. Gradients that turn
+    non-finite while the loss is finite are not seen before the step: DeepSpeed skips such a step itself
+    (ZeRO-1/2 `check_grad_overflow`, ZeRO-3 and the bf16 optimizer on an invalid norm, fp16's scaler), and
+    the guard reports it as a skipped step with the next exchange."""
+
+    def __init__(self, engine: Any, monitor: Monitor, step_number: Callable[[], int]) -> None:
+        self.engine = engine
+        self.monitor = monitor
+        self.step_number = step_number  # the number a step ends as, read before it
+        self.last_step = 0
+        monitor.lag = 1  # fingerprints and update ratios are read before the step
+        monitor.deferred = True
+
+    def step(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, bool]:
+        """(what `engine.step()` returned, None when held; whether the run must halt now)."""
+        self.last_step = step = self.step_number()
+        halt = self.monitor.end_step(step, lrs=_engine_lrs(self.engine), gating=True)
+        if halt or self.monitor.held is not None:
+            ds_hold.hold(self.engine, lambda: run_step(*args, **kwargs))
+            return None, halt
+        result = run_step(*args, **kwargs)
+        signals = engine_signals(self.engine)
+        self.monitor.after_step(grad_norm=signals["grad_norm"], loss_scale=signals.get("loss_scale"),
+                                skipped_steps=signals["skipped_steps"])
+        return result, False
+
+
 class Attachment:
     """What `attach` returns: the monitor plus `detach()`."""
 
-    def __init__(self, engine: Any, options: GuardOptions, halt_checkpoint_dir: str | None) -> None:
+    def __init__(self, engine: Any, options: GuardOptions, halt_checkpoint_dir: str | None,
+                 entry: str = "deepspeed", facts: dict[str, Any] | None = None) -> None:
         self.engine = engine
         self.halt_checkpoint_dir = halt_checkpoint_dir
         module = engine.module
-        self.monitor = Monitor(options, module, optimizer=engine.optimizer, facts=engine_facts(engine),
-                               entry="deepspeed")
+        self.monitor = Monitor(options, module, optimizer=engine.optimizer,
+                               facts={**engine_facts(engine), **(facts or {})}, entry=entry)
+        self.gate = EngineGate(engine, self.monitor, lambda: engine.global_steps + 1) \
+            if self.monitor.gate is not None else None
         self._labels: list[Any] = []
         self._hook = module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         self._orig_backward, self._orig_step = engine.backward, engine.step
@@ -88,6 +133,8 @@ class Attachment:
 
     def _step(self, *args, **kwargs):
         boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary and self.gate is not None:
+            return self._gated_step(args, kwargs)
         # The LRs this optimizer step uses: `engine.step()` steps the engine's LR scheduler after the
         # optimizer, so what `get_lr()` says afterwards is the next step's.
         lrs = _engine_lrs(self.engine) if boundary else None
@@ -98,10 +145,19 @@ class Attachment:
             if lrs is not None:
                 signals["lrs"] = lrs
             if self.monitor.end_step(step, **signals):
-                if self.halt_checkpoint_dir is not None:
-                    self.engine.save_checkpoint(self.halt_checkpoint_dir, tag=f"lossguard-halt-step{step}")
-                raise LossguardHalt(step, self.monitor.halted_at, self.halt_checkpoint_dir)
+                self._halt(step)
         return result
+
+    def _gated_step(self, args: tuple, kwargs: dict) -> Any:
+        result, halt = self.gate.step(self._orig_step, args, kwargs)
+        if halt:
+            self._halt(self.gate.last_step)
+        return result
+
+    def _halt(self, step: int) -> None:
+        if self.halt_checkpoint_dir is not None:
+            self.engine.save_checkpoint(self.halt_checkpoint_dir, tag=f"lossguard-halt-step{step}")
+        raise LossguardHalt(step, self.monitor.halted_at, self.halt_checkpoint_dir)
 
     def detach(self) -> None:
         """Unwrap the engine and finish the events file; after a halt with `exit_code_on_halt`, exit."""
@@ -114,5 +170,5 @@ class Attachment:
 def attach(engine: Any, *, halt_checkpoint_dir: str | None = None, **options: Any) -> Attachment:
     """Guard a DeepSpeed engine in place. Options: see `GuardOptions` (events_dir, halt_on, ...)."""
     guard_options = GuardOptions(**options)
-    refuse_recover(guard_options, "lossguard.attach")
+    refuse_snapshots(guard_options, "lossguard.attach")
     return Attachment(engine, guard_options, halt_checkpoint_dir)

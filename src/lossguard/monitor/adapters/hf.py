@@ -25,17 +25,19 @@ from typing import Any
 from transformers import TrainerCallback
 
 from lossguard.monitor import tensors
+from lossguard.monitor.adapters import hf_gate
 from lossguard.monitor.adapters.deepspeed import engine_facts, engine_signals
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import exit_after_halt
-from lossguard.monitor.options import GuardOptions, refuse_recover
+from lossguard.monitor.options import GuardOptions, refuse_snapshots
 
 
 class LossguardCallback(TrainerCallback):
     def __init__(self, **options: Any) -> None:
         self.options = GuardOptions(**options)
-        refuse_recover(self.options, "LossguardCallback")
+        refuse_snapshots(self.options, "LossguardCallback")
         self.monitor: Monitor | None = None
+        self.gate: Any = None  # recover: EngineGate under DeepSpeed, TrainerGate otherwise (hf_gate.py)
         self.engine: Any = None
         self._hook = None
         self._skipped = 0
@@ -58,6 +60,8 @@ class LossguardCallback(TrainerCallback):
             # them; 4.46-4.x counted every label (the attribute did not exist yet)
             self._shifts_labels = bool(getattr(trainer, "_loss_shifts_labels", False))
             self._accelerator = _wrap_clip_grad_norm(getattr(trainer, "accelerator", None), self)
+        if self.monitor.gate is not None:
+            self.gate = hf_gate.start(self, args, state)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.engine is None and self._grad_norm is None and self.monitor is not None \
@@ -65,6 +69,8 @@ class LossguardCallback(TrainerCallback):
             # The Trainer computed no norm through its accelerator (a path that bypasses it): the norm of
             # the gradients still in .grad here, after any clipping (device op, no sync).
             self._grad_norm = tensors.grad_norm(p for p in model.parameters() if p.requires_grad)
+        if isinstance(self.gate, hf_gate.TrainerGate):
+            self.gate.before_step(state, optimizer, kwargs.get("lr_scheduler"))
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # After optimizer.step(), before lr_scheduler.step(): where the Trainer reads the LR it logs for this
@@ -73,6 +79,12 @@ class LossguardCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if self.monitor is None:
+            return control
+        if self.gate is not None:  # the step ended at the gate, before it was applied
+            self._grad_norm, self._lrs = None, None
+            if hf_gate.end(self.gate):
+                control.should_save = True
+                control.should_training_stop = True
             return control
         if self.engine is not None:
             signals = engine_signals(self.engine)
@@ -94,6 +106,7 @@ class LossguardCallback(TrainerCallback):
             self._hook = None
         _unwrap_clip_grad_norm(self._accelerator)
         self._accelerator = None
+        hf_gate.stop(self.gate)
         if self.monitor is not None:
             self.monitor.close()
         exit_after_halt(self.monitor)  # the halt's checkpoint is saved and the loop has returned

@@ -1,0 +1,109 @@
+"""`LossguardCallback(recover=True)`: the commit gate inside `transformers.Trainer`.
+
+Under DeepSpeed the Trainer's `accelerator.backward` calls `engine.step()` right after `engine.backward()`:
+the engine instance's `step` is wrapped for the run and `EngineGate` decides there (adapters/deepspeed.py).
+A held step takes DeepSpeed's own overflow path (adapters/ds_hold.py): weights, fp32 master, optimizer
+state, the LR scheduler the engine steps and the loss scale stay as they were.
+
+Otherwise (DDP, one process) the gate decides in `on_pre_optimizer_step`, the last callback before the
+Trainer's `optimizer.step()`, from the step's exchange, with the norm the Trainer has just computed. For a
+held step the optimizer's and the LR scheduler's `step` are shadowed by no-ops on their instances for that
+one step (put back in `on_step_end`), and the Trainer's own `model.zero_grad()` drops the gradients. fp16
+with a GradScaler is refused: a skipped `scaler.step` would leave the scaler expecting its `update`.
+
+Either way the Trainer still counts the step (`state.global_step` moves on); the recovery is recorded under
+that number. A halt (the budget spent; under DeepSpeed also a finding on the step before, which the gate
+reads with this step's exchange) holds the step too, then `on_step_end` asks the Trainer to save a
+checkpoint and stop, as a halt without recovery does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lossguard.monitor.adapters.deepspeed import EngineGate
+from lossguard.monitor.options import OptionError
+
+
+class TrainerGate:
+    """The gate of a Trainer without DeepSpeed."""
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+        self.halt = False
+        self._undo: list[Callable[[], None]] = []
+        callback.monitor.lag = 1  # fingerprints and update ratios are read before the step
+
+    def before_step(self, state: Any, optimizer: Any, scheduler: Any) -> None:
+        monitor = self.callback.monitor
+        lrs = [float(g["lr"]) for g in optimizer.param_groups] if optimizer is not None else None
+        halt = monitor.end_step(state.global_step + 1, grad_norm=self.callback._grad_norm, lrs=lrs, gating=True)
+        if halt or monitor.held is not None:
+            self._undo = [_noop_step(owner) for owner in (optimizer, scheduler) if owner is not None]
+        self.halt = self.halt or halt
+
+    def after_step(self) -> None:
+        for undo in self._undo:
+            undo()
+        self._undo = []
+
+
+class DeepSpeedGate:
+    """The gate of a Trainer under DeepSpeed: the engine's `step`, wrapped on the instance for the run."""
+
+    def __init__(self, callback: Any, engine: Any, state: Any) -> None:
+        self.engine = engine
+        self.halt = False
+        self.gate = EngineGate(engine, callback.monitor, lambda: state.global_step + 1)
+        self._original = engine.step
+        engine.step = self._step
+
+    def _step(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.engine.is_gradient_accumulation_boundary():
+            return self._original(*args, **kwargs)
+        result, halt = self.gate.step(self._original, args, kwargs)
+        self.halt = self.halt or halt
+        return result
+
+    def after_step(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        if vars(self.engine).get("step") == self._step:
+            del self.engine.step  # the class's own method again
+
+
+def start(callback: Any, args: Any, state: Any) -> TrainerGate | DeepSpeedGate:
+    if callback.engine is not None:
+        return DeepSpeedGate(callback, callback.engine, state)
+    if args.fp16:
+        raise OptionError("lossguard: LossguardCallback(recover=...) with fp16=True and no DeepSpeed is not "
+                          "supported yet (a held step would leave the GradScaler between unscale_ and update). "
+                          "Use bf16, or DeepSpeed's fp16, or leave `recover` off")
+    return TrainerGate(callback)
+
+
+def end(gate: Any) -> bool:
+    """At the step's end: put back what a held step shadowed; whether the run must halt now."""
+    gate.after_step()
+    return gate.halt
+
+
+def stop(gate: Any) -> None:
+    if isinstance(gate, DeepSpeedGate):
+        gate.stop()
+
+
+def _noop_step(owner: Any) -> Callable[[], None]:
+    """Shadow `owner.step` with a no-op on the instance for one step; the function that puts it back."""
+    had, previous = "step" in vars(owner), vars(owner).get("step")
+    owner.step = lambda *args, **kwargs: None
+
+    def undo() -> None:
+        if had:
+            owner.step = previous
+        else:
+            del owner.step
+
+    return undo

@@ -1,0 +1,106 @@
+"""Two-rank `transformers.Trainer` jobs (CPU, gloo) with `LossguardCallback(recover=...)`.
+
+    torchrun --nproc_per_node 2 hf_recover_job.py OUT_DIR SCENARIO [SCENARIO ...]
+
+Scenario names: STACK-CASE, STACK one of ddp (no DeepSpeed), z1, z2, z3 (DeepSpeed ZeRO stage); CASE one of
+  nan_once     rank 1's loss is NaN at step NAN_STEP (recover=True): the step is held on both ranks;
+  over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2: the Trainer saves and stops at 5;
+  healthy      recover=True, no fault;
+  plain        the same healthy run without lossguard.
+Every rank writes OUT_DIR/SCENARIO/rank{r}.json (the losses its model computed, the Trainer's final step) and,
+in nan_once, its own shard of the state as the held step began and as the next one began (before-rank{r}.pt,
+after-rank{r}.pt); rank 0 also writes summary.json (the Trainer's logged losses, its findings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny  # noqa: E402
+from ds_recover_job import shard_state  # noqa: E402
+
+NAN_STEP, STEPS = 4, 8
+POISON = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "healthy": set(), "plain": set()}
+
+
+def trainer_state(trainer) -> dict:
+    """Without DeepSpeed: the model, the optimizer and the scheduler, cloned."""
+    from ds_recover_job import _plain
+
+    return {"params": [p.detach().clone() for p in trainer.model.parameters()],
+            "optimizer": _plain(trainer.optimizer.state_dict()), "scheduler": _plain(trainer.lr_scheduler.state_dict()),
+            "counters": []}
+
+
+def run(out_dir: str, name: str) -> None:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    import lossguard
+    from lossguard.monitor.adapters.hf import find_deepspeed_engine
+
+    stack, case = name.split("-", 1)
+    rank = tiny.rank()
+    work = os.path.join(out_dir, name)
+    os.makedirs(work, exist_ok=True)
+    model = tiny.tiny_gpt2()
+    losses: list[float] = []
+    now = {"step": 0}
+
+    def poison(module, args, kwargs, output):  # registered first: the callback's hook sees the poisoned loss
+        if module.training:
+            if rank == 1 and now["step"] + 1 in POISON[case]:
+                output.loss = output.loss * float("nan")
+            losses.append(float(output.loss.detach()))
+        return output
+
+    model.register_forward_hook(poison, with_kwargs=True)
+    trainer_box: dict = {}
+
+    class Probe(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            now["step"] = state.global_step
+            if case == "nan_once" and state.global_step in (NAN_STEP - 1, NAN_STEP):
+                engine = find_deepspeed_engine(model)
+                trainer = trainer_box["trainer"]
+                snap = shard_state(engine) if engine is not None else trainer_state(trainer)
+                snap["trainer_scheduler"] = trainer.lr_scheduler.state_dict()  # the one the Trainer steps
+                when = "before" if state.global_step == NAN_STEP - 1 else "after"
+                torch.save(snap, os.path.join(work, f"{when}-rank{rank}.pt"))
+
+    callbacks = [Probe()]
+    guard = None
+    if case != "plain":
+        recover = lossguard.RecoverOptions(budget=2, window=100) if case == "over_budget" else True
+        guard = lossguard.LossguardCallback(events_dir=os.path.join(work, "events"), halt_on="error",
+                                            recover=recover, fingerprint_every=1)
+        callbacks.append(guard)
+    deepspeed = tiny.hf_ds_config(int(stack[1])) if stack != "ddp" else None
+    if deepspeed is None:  # a DeepSpeed scenario before this one left accelerate's switch on
+        os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+    args = TrainingArguments(
+        output_dir=os.path.join(work, "out"), per_device_train_batch_size=4, max_steps=STEPS, learning_rate=1e-3,
+        logging_steps=1, save_strategy="no", report_to=[], seed=0, deepspeed=deepspeed, use_cpu=True,
+        disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=1.0)
+    trainer = Trainer(model=model, args=args, train_dataset=tiny.Tokens(), callbacks=callbacks)
+    trainer_box["trainer"] = trainer
+    trainer.train()
+    with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
+        json.dump({"losses": losses, "global_step": trainer.state.global_step,
+                   "halted_at": guard.monitor.halted_at if guard else None}, fh)
+    if rank == 0:
+        logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        findings = [f.to_dict() for f in guard.monitor._emitted] if guard else []
+        with open(os.path.join(work, "summary.json"), "w") as fh:
+            json.dump({"scenario": name, "logged": logged, "findings": findings,
+                       "checkpoints": sorted(os.listdir(os.path.join(work, "out"))) if os.path.isdir(
+                           os.path.join(work, "out")) else []}, fh, default=str)
+    tiny.reset_accelerate()
+
+
+if __name__ == "__main__":
+    tiny.run_scenarios(run)

@@ -1,0 +1,116 @@
+"""The commit gate under a raw DeepSpeed engine (`lossguard.attach(engine, recover=...)`): two real ranks over
+gloo, ZeRO-1/2/3, fp32 and bf16. A held step leaves each rank's shard of the state bit for bit as it was, the
+budget falls back to the halt with a checkpoint, a healthy run trains exactly as without lossguard, the post-
+step signals (grad norm) still reach the events, and nothing hangs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+from tests.integration.live_helpers import SRC, run_job  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+NAN_STEP = 4
+HELD = ["z1-nan_once", "z2-nan_once-bf16", "z3-nan_once", "z2-masked"]
+SCENARIOS = [*HELD, "z3-over_budget", "z2-healthy", "z2-plain", "z3-healthy-bf16", "z3-plain-bf16"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds_recover")
+    run_job("ds_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
+    ranks = {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)] for name in SCENARIOS}
+    return out, ranks
+
+
+def _analyze_json(events_dir) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(events_dir), "--format", "json"],
+                          env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=120)
+    return json.loads(proc.stdout)
+
+
+def _same(before, after, path="state") -> int:
+    """Tensors compared bit for bit (dtype too), everything else by value; the number of tensors compared."""
+    if isinstance(before, torch.Tensor):
+        assert isinstance(after, torch.Tensor) and before.dtype == after.dtype and torch.equal(before, after), path
+        return 1
+    if isinstance(before, dict):
+        assert before.keys() == after.keys(), path
+        return sum(_same(before[k], after[k], f"{path}.{k}") for k in before)
+    if isinstance(before, list):
+        assert len(before) == len(after), path
+        return sum(_same(b, a, f"{path}[{i}]") for i, (b, a) in enumerate(zip(before, after)))
+    assert before == after, (path, before, after)
+    return 0
+
+
+@pytest.mark.parametrize("scenario", HELD)
+def test_a_faulty_step_is_held_on_every_rank_and_leaves_each_shard_as_it_was(job, scenario):
+    out, ranks = job
+    for rank in ranks[scenario]:
+        assert rank["held"] == [step == NAN_STEP for step in range(1, 9)] and rank["halted_at"] is None
+        assert rank["skipped_steps"] == 0  # a held step is not counted as DeepSpeed's own overflow skip
+    for r in (0, 1):
+        before = torch.load(out / scenario / f"before-rank{r}.pt", weights_only=False)
+        after = torch.load(out / scenario / f"after-rank{r}.pt", weights_only=False)
+        (steps, samples, skipped), counters = before.pop("counters"), after.pop("counters")
+        assert counters == [steps + 1, samples + 8, skipped]  # counted as a step DeepSpeed skipped, as it counts them
+        # the optimizer says its last step was skipped, as after an overflow (accelerate reads it)
+        assert before["optimizer"].pop("overflow") is False and after["optimizer"].pop("overflow") is True
+        # weights (ZeRO-3: this rank's partition), fp32 master partition, Adam moments and step, scheduler
+        assert _same(before, after) >= 20
+
+
+def test_analyze_names_each_held_step_with_its_cause(job):
+    out, _ = job
+    report = _analyze_json(out / "z3-nan_once" / "events")
+    assert [(r["step"], r["ranks"], r["kind"], r["signature"]) for r in report["recoveries"]] == \
+        [(NAN_STEP, [1], "held", "nonfinite")]
+    assert report["verdict"] == "warning"  # a recovered run never reads as if nothing happened
+    masked = _analyze_json(out / "z2-masked" / "events")["recoveries"]
+    assert [(r["step"], r["signature"], r["code"]) for r in masked] == [(NAN_STEP, "masked-labels", "LABEL001")]
+
+
+def test_committed_steps_keep_their_grad_norm_read_after_the_step(job):
+    """The gate decides before `engine.step()`; the norm DeepSpeed computes inside it reaches the step's
+    record one exchange later, on every committed step, the last one included (at detach)."""
+    out, _ = job
+    for scenario in ("z3-nan_once", "z2-healthy"):
+        lines = [json.loads(line) for line in (out / scenario / "events" / "events-rank0.jsonl").read_text().splitlines()]
+        norms = {line["step"]: line["signals"].get("grad_norm") for line in lines
+                 if line.get("type") == "record" and line.get("kind", "train") == "train" and "signals" in line}
+        committed = [s for s in range(1, 9) if not (scenario == "z3-nan_once" and s == NAN_STEP)]
+        assert sorted(norms) == committed, norms
+        assert all(isinstance(v, float) and v > 0 for v in norms.values()), norms
+
+
+def test_past_the_budget_the_run_halts_with_a_checkpoint(job):
+    out, ranks = job
+    for rank in ranks["z3-over_budget"]:
+        assert rank["held"] == [False, False, True, True] and rank["halted_at"] == 5
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(out / "z3-over_budget" / "ckpt"), tag="lossguard-halt-step5")
+    assert state and all(torch.isfinite(v).all() for v in state.values())
+    report = _analyze_json(out / "z3-over_budget" / "events")
+    assert [r["step"] for r in report["recoveries"]] == [3, 4]
+    assert report["verdict"] == "broken" and report["signature"] == "nonfinite"
+
+
+@pytest.mark.parametrize("stack", ["z2-{}", "z3-{}-bf16"])
+def test_a_healthy_run_with_recover_trains_exactly_as_without_lossguard(job, stack):
+    out, ranks = job
+    guarded, plain = stack.format("healthy"), stack.format("plain")
+    for r in (0, 1):
+        assert ranks[guarded][r]["losses"] == ranks[plain][r]["losses"]
+        assert not any(ranks[guarded][r]["held"])
+    report = _analyze_json(out / guarded / "events")
+    assert report["recoveries"] == [] and report["verdict"] == "healthy"
