@@ -5,7 +5,8 @@
 The workload of the GPU measurements: GPT-2 124M under the HF Trainer with DeepSpeed ZeRO-2, bf16, batch
 8 x 512 tokens, one rank. Arms interleaved round after round in one job (same model, data, seed): `base` (no
 callback), `default` (LossguardCallback()), `print1` (fingerprint and update ratio every step), `histo` (the
-wandb-style gradient-histogram anchor). Prints each arm's median step-time ratio to `base` and the
+wandb-style gradient-histogram anchor), `recover` (LossguardCallback(recover=True): the commit gate inside
+DeepSpeed's step). Prints each arm's median step-time ratio to `base` and the
 synchronizing CUDA calls per steady step, counted with `torch.cuda.set_sync_debug_mode` (the Trainer's
 own included: compare each arm with `base`). Without a CUDA device it says so and exits.
 """
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ARMS = ("base", "default", "print1", "histo")
+ARMS = ("base", "default", "print1", "histo", "recover")
 
 
 def main() -> None:
@@ -51,6 +52,9 @@ def main() -> None:
         print(f"{arm:8s} median step {statistics.median(per_round[arm]) * 1e3:7.1f} ms   ratio to base "
               f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})   "
               f"syncs per step {sync}")
+    gate = [t / d for t, d in zip(per_round["recover"], per_round["default"])]
+    print(f"recover / default (the commit gate under DeepSpeed): {statistics.median(gate):.3f}x (rounds: "
+          f"{', '.join(f'{r:.3f}' for r in gate)}; target <= 1.01x)")
 
 
 if __name__ == "__main__":

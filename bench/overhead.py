@@ -8,7 +8,10 @@ Arms, interleaved round after round in one two-rank job (same model, data, seed)
   print1    LossguardCallback(fingerprint_every=1): fingerprint + update ratio every step
   histo     anchor: per-parameter gradient-histogram hooks in the style of wandb.watch(log="all",
             log_freq=1): torch.histc of every gradient, copied to the host, every step
-Prints the median step-time ratio of each arm to `base`.
+  recover   LossguardCallback(recover=True): the commit gate inside DeepSpeed's `engine.step()`, the step's
+            grad norm read one exchange later
+Prints the median step-time ratio of each arm to `base`, and of `recover` to `default` (the gate's cost
+under DeepSpeed; target <= 1.01x).
 
     python bench/overhead.py --recovery [--steps 30] [--rounds 3]
 
@@ -31,7 +34,7 @@ import sys
 import tempfile
 import time
 
-ARMS = ("base", "default", "print1", "histo")
+ARMS = ("base", "default", "print1", "histo", "recover")
 RECOVERY_ARMS = ("loop", "guard", "gate", "snap")
 
 
@@ -119,6 +122,8 @@ def worker(out: str, steps: int, rounds: int, gpu: bool = False, arms: tuple[str
                 callbacks.append(LossguardCallback(fingerprint_every=1))
             elif arm == "histo":
                 histo_hooks(model)
+            elif arm == "recover":
+                callbacks.append(LossguardCallback(recover=True))
             args = TrainingArguments(output_dir=os.path.join(out, arm), per_device_train_batch_size=shape["batch"],
                                      max_steps=steps, learning_rate=1e-4, logging_steps=10**6,
                                      save_strategy="no", report_to=[], seed=0, deepspeed=ds, use_cpu=not gpu,
@@ -239,6 +244,10 @@ def main() -> None:
         ratios = [t / b for t, b in zip(per_round[arm], per_round["base"])]
         print(f"{arm:8s} median step {statistics.median(per_round[arm]) * 1e3:8.1f} ms   "
               f"ratio to base {statistics.median(ratios):.3f}  (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+    if "recover" in per_round:
+        gate = [t / d for t, d in zip(per_round["recover"], per_round["default"])]
+        print(f"recover / default (the commit gate under DeepSpeed): {statistics.median(gate):.3f}x  (rounds: "
+              f"{', '.join(f'{r:.3f}' for r in gate)}; target <= 1.01x)")
 
 
 if __name__ == "__main__":

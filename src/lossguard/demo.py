@@ -63,11 +63,13 @@ class ArmRun:
     wall_s: float
     halted_at: int | None
     findings: list[dict]
+    recoveries: list[dict]
 
 
 def run_arm(name: str, scenario: str, out_dir: Path, console: Console, *, ds_config: dict | None,
-            timeout_s: float = 240.0) -> ArmRun:
-    """Launch one guarded two-rank job and print its steps as the guard records them."""
+            timeout_s: float = 240.0, recover: bool = False) -> ArmRun:
+    """Launch one guarded two-rank job and print its steps as the guard records them (`recover`: the guard
+    holds faulty steps instead of letting them through)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_json = None
     if ds_config is not None:
@@ -75,12 +77,12 @@ def run_arm(name: str, scenario: str, out_dir: Path, console: Console, *, ds_con
         Path(config_json).write_text(json.dumps(ds_config, indent=2))
     events = out_dir / "events"
     cmd = build_command(scenario, out_dir, nproc=2, port=free_port(), steps=None, config_json=config_json,
-                        guard_events=str(events), halt_on="broken")
+                        guard_events=str(events), halt_on="broken", recover=recover)
     tail = _EventTail(events)
     with Job(cmd, out_dir / "stdout.log", env=job_env(None)) as job:
         returncode = job.wait(timeout_s, on_tick=lambda _elapsed_s: tail.show(console), tick_s=0.2)
     tail.show(console, final=True)
-    return ArmRun(name, out_dir, returncode, job.elapsed_s, tail.halted_at, tail.findings)
+    return ArmRun(name, out_dir, returncode, job.elapsed_s, tail.halted_at, tail.findings, tail.recoveries)
 
 
 class _EventTail:
@@ -94,6 +96,7 @@ class _EventTail:
         self.findings: list[dict] = []
         self._seen: set = set()
         self.halted_at: int | None = None
+        self.recoveries: list[dict] = []  # one per held step (every rank writes it: kept once)
 
     def _read(self) -> None:
         for path in sorted(self.events_dir.glob("events-rank*.jsonl")):
@@ -116,6 +119,8 @@ class _EventTail:
                         self.findings.append(entry)
                 elif entry.get("type") == "halt" and self.halted_at is None:
                     self.halted_at = entry.get("step")
+                elif entry.get("type") == "recovery" and entry.get("step") not in {r["step"] for r in self.recoveries}:
+                    self.recoveries.append(entry)
 
     def show(self, console: Console, final: bool = False) -> None:
         self._read()
@@ -132,6 +137,12 @@ class _EventTail:
                 console.print(Text(f"  >>> lossguard {finding['code']} [{finding.get('signature')}] "
                                    f"{finding['message']}", style="bold red"))
             self.printed = step
+        for held in [r for r in self.recoveries if not r.get("_shown") and (r["step"] <= self.printed + 1 or final)]:
+            held["_shown"] = True
+            ranks = ", ".join(map(str, held.get("ranks") or [])) or "?"
+            console.print(Text(f"  step {held['step']:>3}  >>> lossguard held the step on every rank: "
+                               f"{held.get('signature')} on rank(s) {ranks} ({held.get('code')}); "
+                               f"{held.get('kind')}, training goes on", style="bold cyan"))
 
 
 def _num(value: Any, spec: str = ".4g") -> str:

@@ -25,10 +25,14 @@ from lossguard.cli.options import warn_stale_build_locks
 @click.option("--attach", is_flag=True,
               help="Attach the live guard inside the command without code changes: deepspeed.initialize and "
                    "transformers.Trainer are hooked at import (per-rank events in DIR/events with --report).")
+@click.option("--recover", is_flag=True,
+              help="With --attach: the attached guard recovers in place (recover=True): a step whose loss is "
+                   "non-finite on any rank, or whose labels are all masked, is held on every rank (replayed "
+                   "where it can be) instead of applied; each recovery is in DIR/events and `analyze`.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing of our own unless something is found.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path: str | None, buffered: bool,
-          attach: bool, quiet: bool, command: tuple[str, ...]) -> None:
+          attach: bool, recover: bool, quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND, pass its output through unchanged, diagnose it live, and stop it if it dies.
 
     The command runs in its own process group; stdout and stderr pass through byte for byte (colours,
@@ -58,13 +62,16 @@ def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path:
         argv = argv[1:]
     if not argv:
         raise UserError("watch: no command given; usage: lossguard watch [OPTIONS] -- COMMAND ...")
+    if recover and not attach:
+        raise UserError("watch: --recover needs --attach (recovery runs inside the job, in the attached guard); "
+                        "usage: lossguard watch --attach --recover [--report DIR] -- COMMAND ...")
     env = None
     if attach:
         import os
 
         from lossguard.monitor.autoattach import child_env
 
-        env = child_env(events_dir=os.path.join(report_dir, "events") if report_dir else None)
+        env = child_env(events_dir=os.path.join(report_dir, "events") if report_dir else None, recover=recover)
         _check_attachable(argv, env)
     warn_stale_build_locks(env)
     try:

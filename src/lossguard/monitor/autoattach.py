@@ -12,7 +12,8 @@ find the module and wraps their loader so that, right after the module has execu
   that the Trainer creates (the callback already watches it).
 
 Environment: `LOSSGUARD_EVENTS_DIR` (per-rank JSONL, optional), `LOSSGUARD_HALT_ON` (optional, the
-`halt_on` option), `LOSSGUARD_AUTOATTACH=0` (off). Never breaks the job: a failure to patch or to attach is
+`halt_on` option), `LOSSGUARD_RECOVER=1` (`recover=True`: `watch --attach --recover`),
+`LOSSGUARD_AUTOATTACH=0` (off). Never breaks the job: a failure to patch or to attach is
 one line on stderr and the job runs unguarded.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 
 ENV_EVENTS_DIR = "LOSSGUARD_EVENTS_DIR"
 ENV_HALT_ON = "LOSSGUARD_HALT_ON"
+ENV_RECOVER = "LOSSGUARD_RECOVER"
 ENV_SWITCH = "LOSSGUARD_AUTOATTACH"
 
 SITE_DIR = Path(__file__).resolve().parent.parent / "data" / "autoattach"
@@ -52,6 +54,8 @@ def guard_options() -> dict[str, Any]:
     halt_on = os.environ.get(ENV_HALT_ON)
     if halt_on:
         options["halt_on"] = [h.strip() for h in halt_on.split(",") if h.strip()]
+    if os.environ.get(ENV_RECOVER) == "1":
+        options["recover"] = True
     return options
 
 
@@ -170,8 +174,10 @@ def _close_all() -> None:
             attachment.monitor.close()
 
 
-def child_env(env: dict[str, str] | None = None, *, events_dir: str | os.PathLike | None = None) -> dict[str, str]:
-    """`env` (default: this process's) with the auto-attach directory and lossguard itself on PYTHONPATH."""
+def child_env(env: dict[str, str] | None = None, *, events_dir: str | os.PathLike | None = None,
+              recover: bool = False) -> dict[str, str]:
+    """`env` (default: this process's) with the auto-attach directory and lossguard itself on PYTHONPATH;
+    `recover`: the attached guard holds faulty steps (`recover=True`)."""
     out = dict(os.environ if env is None else env)
     src_dir = str(Path(__file__).resolve().parents[2])
     # A source checkout must be importable in the job; an installed lossguard already is.
@@ -185,4 +191,7 @@ def child_env(env: dict[str, str] | None = None, *, events_dir: str | os.PathLik
     out.pop(ENV_SWITCH, None)
     if events_dir is not None:
         out[ENV_EVENTS_DIR] = str(events_dir)
+    out.pop(ENV_RECOVER, None)
+    if recover:
+        out[ENV_RECOVER] = "1"
     return out

@@ -53,8 +53,7 @@ class Monitor:
         self.gate = Gate(options.recovery) if options.recovery is not None else None
         self.held: Hold | None = None
         self.lag = 0  # 1: steps end before the optimizer step (`Guard.commit`)
-        # DeepSpeed with recover: a step's grad norm, skips and scale are known only after it
-        # (monitor/deferred.py): `after_step` keeps them, the next exchange completes the step
+        # DeepSpeed + recover: post-step values wait for the next exchange (monitor/deferred.py)
         self.deferred = False
         self._pending: deferred.Pending | None = None
         self._post: dict[str, Any] = {}
@@ -216,7 +215,8 @@ class Monitor:
     # -- internals -------------------------------------------------------------------------------
     def _complete_pending(self) -> list[Finding]:
         pending, self._pending = self._pending, None
-        if pending is None:
+        if pending is None:  # post-step values of a step with no record (a committed replay) are dropped
+            self._post = {}
             return []
         deferred.complete(pending, self._post, self.world_size)
         self._post = {}

@@ -106,11 +106,7 @@ class Guard:
         rank alike (the ranks must step together), with its labels masked: the gate holds that step."""
         for batch in loader:
             self.handed += 1
-            keep = self.quarantine.kept(batch)
-            if keep:
-                batch = quarantine.select(batch, keep)
-            elif keep == [] and isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):
-                batch = {**batch, "labels": torch.full_like(batch["labels"], -100)}
+            batch = quarantine.without_quarantined(batch, self.quarantine)
             if self.monitor.gate is not None:
                 self._rng = replay.capture_rng()
             yield batch
@@ -152,7 +148,8 @@ class Guard:
         and classified on every rank together (True when the replay or the batch's kept samples are to
         be committed: their gradients are in place). Use `batches(loader)` for the RNG state."""
         self.monitor.lag = 1
-        replaying = forward is not None and batch is not None and self.monitor.gate is not None
+        replaying = forward is not None and batch is not None and self.monitor.gate is not None \
+            and self.monitor.gate.options.replay
         if self.monitor.gate is not None:  # with snapshots, the held step's record waits for the rollback check
             self.monitor.gate.replay = replaying or self.ring is not None
         self._end(loss, batch, labels, model, optimizer, grad_norm, step, False, lrs, gating=True)

@@ -35,16 +35,23 @@ class RecoverOptions:
     `snapshot_every`: keep host snapshots of each rank's own state every S steps (monitor/snapshots.py), so a
     fault seen only after the step was applied (non-finite weights) is rolled back; 0: off. Off by default:
     a snapshot costs host memory per rank, about 12 bytes per parameter for fp32 Adam, times `keep` (2).
+
+    `replay`: replay a held step to classify it (`transient` / `sample`, monitor/replay.py) where the entry
+    point can: `Guard.commit(..., forward=...)`, and `attach(engine)` when the engine took one micro-batch
+    called with keyword tensors whose output carries the loss. False: hold only (no extra forward).
     """
 
     budget: int = 3
     window: int = 100
     snapshot_every: int = 0
     keep: int = 2
+    replay: bool = True
 
     def __post_init__(self) -> None:
         problems = [f"recover.{name} must be an int >= 1, got {getattr(self, name)!r}"
                     for name in ("budget", "window", "keep") if not _positive_int(getattr(self, name))]
+        if not isinstance(self.replay, bool):
+            problems.append(f"recover.replay must be True or False, got {self.replay!r}")
         every = self.snapshot_every
         if not isinstance(every, int) or isinstance(every, bool) or every < 0:
             problems.append(f"recover.snapshot_every must be an int >= 0, got {every!r}")

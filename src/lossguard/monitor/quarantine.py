@@ -132,3 +132,14 @@ class Quarantine:
         keep = [p for p in range(int(ids.shape[0]))
                 if sample_hash(ids[p]) not in self.hashes and indices[p] not in self.indices]
         return None if len(keep) == ids.shape[0] else keep
+
+
+def without_quarantined(batch: Any, held: Quarantine) -> Any:
+    """`batch` without its quarantined samples. A batch whose every sample is quarantined still comes out,
+    on every rank alike (the ranks must step together), with its labels masked: the gate holds that step."""
+    keep = held.kept(batch)
+    if keep:
+        return select(batch, keep)
+    if keep == [] and isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):
+        return {**batch, "labels": torch.full_like(batch["labels"], -100)}
+    return batch

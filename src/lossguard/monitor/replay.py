@@ -1,17 +1,19 @@
 """Replay to classify (`recover=True`, tier 2): what a held step was, and what is done with it.
 
 When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.commit` its batch and a
-`forward` closure, every rank (the gate's verdict is the same everywhere) runs one of two paths:
+`forward` closure (or `attach(engine, recover=True)` captured the engine's call: adapters/ds_replay.py), every rank (the gate's verdict is the same everywhere) runs one of two paths:
 
 - **masked labels** (some rank's micro-batch has no supervised token): data by construction. The ranks
   whose micro-batch it is name all of its samples; no replay; the step stays held (that rank has no
   gradient to give).
 - **otherwise, replay**: every rank drops its gradients, restores the RNG state its batch was handed out
   with (`Guard.batches`), recomputes the loss with `forward(batch)` and runs backward (DDP all-reduces as in
-  the first attempt: every rank replays, or none does). A rank whose replayed loss is non-finite then runs a
-  per-sample forward (no grad, no collective) to find the samples that produce it. One exchange
-  (`gather_objects`) shares every rank's replayed loss, whether its gradients are finite, and its bad
-  samples; every rank reads the same list and decides the same:
+  the first attempt: every rank replays, or none does). One exchange (`gather_objects`) shares every
+  rank's replayed loss and whether its gradients are finite. When some rank's loss faults again, the ranks
+  whose own loss does run a per-sample forward (no grad) to find the samples that produce it, and a second
+  exchange shares them (both on the fault path only). Under ZeRO-3 a forward all-gathers parameters, so
+  there every rank runs the same number of scan forwards (`Ops.symmetric_scan`). Every rank reads the same
+  lists and decides the same:
   * nothing faults again: **transient**; the replay's gradients are committed. The RNG streams are where
     the first attempt left them (the replay drew the same numbers from the same state), so on CPU the run
     is bit-equal to one in which the fault never happened.
@@ -25,9 +27,11 @@ When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -68,30 +72,47 @@ def restore_rng(state: dict[str, Any]) -> None:
         sys.modules["numpy"].random.set_state(state["numpy"])
 
 
-def _drop_grads(model: Any) -> None:
-    for param in model.parameters():
-        param.grad = None
+class Ops:
+    """What a replay does to the training state; this one: a plain PyTorch / DDP model (`Guard`). The
+    DeepSpeed engine's are in adapters/ds_replay.py."""
 
+    # True: every rank runs the same number of forwards in the per-sample scan (ZeRO-3 all-gathers the
+    # parameters in each forward: a rank that scanned alone would wait there for the others)
+    symmetric_scan = False
 
-def _bad_samples(batch: Any, forward: Any, model: Any) -> list[int]:
-    """Positions whose own loss is non-finite: one forward per sample, no grad. DDP would sync its buffers
-    before a forward (a collective this rank alone would make): that is switched off for the scan."""
-    sync = getattr(model, "require_forward_param_sync", None)
-    if sync is not None:
-        model.require_forward_param_sync = False
-    try:
-        with torch.no_grad():
-            return [p for p in range(quarantine.num_samples(batch))
-                    if not math.isfinite(float(forward(quarantine.select(batch, [p]))))]
-    finally:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def drop(self) -> None:
+        """Drop the gradients in place (as `zero_grad()` does)."""
+        for param in self.model.parameters():
+            param.grad = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def grads_ok(self) -> bool:
+        norm = tensors.grad_norm(p for p in self.model.parameters() if p.requires_grad)
+        return norm is None or math.isfinite(float(norm))  # SYNC POINT: fault path only
+
+    @contextlib.contextmanager
+    def scanning(self) -> Iterator[None]:
+        """DDP would sync its buffers before a forward (a collective this rank alone would make): off."""
+        sync = getattr(self.model, "require_forward_param_sync", None)
         if sync is not None:
-            model.require_forward_param_sync = sync
+            self.model.require_forward_param_sync = False
+        try:
+            yield
+        finally:
+            if sync is not None:
+                self.model.require_forward_param_sync = sync
 
 
 class Replayer:
-    def __init__(self, monitor: Any, model: Any, held_quarantine: quarantine.Quarantine) -> None:
+    def __init__(self, monitor: Any, model: Any, held_quarantine: quarantine.Quarantine,
+                 ops: Ops | None = None) -> None:
         self.monitor = monitor
-        self.model = model
+        self.ops = ops if ops is not None else Ops(model)
         self.quarantine = held_quarantine
 
     def classify(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> bool:
@@ -105,20 +126,29 @@ class Replayer:
             named = [e for part in dist.gather_objects(mine) for e in part]  # SYNC POINT: fault path only
             self.quarantine.add(named, write=rank == 0)
             self._record(hold, "masked", named, masked, {})
-            _drop_grads(self.model)
+            self.ops.drop()
             return False
         after = capture_rng()
-        rows = dist.gather_objects(self._replay(hold, batch, forward, rng))  # SYNC POINT: fault path only
+        rows = dist.gather_objects(self._replay(batch, forward, rng))  # SYNC POINT: fault path only
         again = [r for r, row in enumerate(rows) if not (row["loss_ok"] and row["grads_ok"])]
         replay = {"losses": {r: row["loss"] for r, row in enumerate(rows)}, "faulted_again": again}
+        errors = {r: row["error"] for r, row in enumerate(rows) if row["error"]}
+        if errors:  # the replay itself failed there: said, so a `held` is not read as the data's fault
+            replay["errors"] = errors
         if not again:
             self._record(hold, "transient", [], origin(hold), replay)
             return True
-        named = [e for row in rows for e in row["bad"]]
-        whole = any(row["bad"] and len(row["bad"]) == row["size"] for row in rows)
-        if not named or whole or any(row["error"] for row in rows):
+        named, whole, failed = [], False, any(row["error"] for row in rows)
+        scanners = [r for r, row in enumerate(rows) if not row["loss_ok"] and row["size"]]
+        if scanners and not failed:  # the ranks whose own loss faults again name their samples
+            count = max(rows[r]["size"] for r in scanners) if self.ops.symmetric_scan else None
+            found = dist.gather_objects(self._scan(hold, batch, forward, rank in scanners, count))  # SYNC POINT
+            named = [e for part in found for e in part["bad"]]
+            whole = any(part["bad"] and len(part["bad"]) == rows[r]["size"] for r, part in enumerate(found))
+            failed = any(part["error"] for part in found)
+        if not named or whole or failed:
             self._record(hold, "held", named, origin(hold), replay)
-            _drop_grads(self.model)
+            self.ops.drop()
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
         self.quarantine.add(named, write=rank == 0)
@@ -126,37 +156,52 @@ class Replayer:
         self._record(hold, "sample", named, sorted({e["rank"] for e in named}), replay)
         return True
 
-    def _replay(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
-        """This rank's replay and, when its loss faults again, its per-sample scan. An error here is carried
-        to the other ranks in the row, never raised: they wait for this rank in the exchange."""
-        row = {"loss": float("nan"), "loss_ok": False, "grads_ok": False, "bad": [], "size": 0, "error": None}
+    def _replay(self, batch: Any, forward: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
+        """This rank's replay. An error here is carried to the other ranks in the row, never raised: they
+        wait for this rank in the exchange."""
+        row = {"loss": float("nan"), "loss_ok": False, "grads_ok": False, "size": 0, "error": None}
         try:
-            _drop_grads(self.model)
+            self.ops.drop()
             if rng is not None:
                 restore_rng(rng)
             loss = forward(batch)
-            loss.backward()
-            norm = tensors.grad_norm(p for p in self.model.parameters() if p.requires_grad)
+            self.ops.backward(loss)
             row["loss"] = float(loss.detach())  # SYNC POINT: fault path only
             row["loss_ok"] = math.isfinite(row["loss"])
-            row["grads_ok"] = norm is None or math.isfinite(float(norm))
+            row["grads_ok"] = self.ops.grads_ok()
             row["size"] = quarantine.num_samples(batch)
-            if not row["loss_ok"] and row["size"]:
-                positions = _bad_samples(batch, forward, self.model)
-                row["bad"] = quarantine.identities(batch, positions, step=hold.step, rank=self.monitor.rank,
-                                                   why="non-finite loss on replay")
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"
         return row
 
+    def _scan(self, hold: Hold, batch: Any, forward: Any, mine: bool, count: int | None) -> dict[str, Any]:
+        """The positions whose own loss is non-finite, named: one forward per sample, no grad, on the ranks
+        whose replay faulted; with `count` (a symmetric scan) every rank runs that many forwards, a rank
+        with fewer samples (or none to name) repeating its first, and only a scanning rank reads them."""
+        part: dict[str, Any] = {"bad": [], "error": None}
+        try:
+            size = quarantine.num_samples(batch)
+            total = count if count is not None else (size if mine else 0)
+            bad = []
+            with self.ops.scanning(), torch.no_grad():
+                for p in range(total):
+                    loss = forward(quarantine.select(batch, [p if p < size else 0]))
+                    if mine and p < size and not math.isfinite(float(loss)):
+                        bad.append(p)
+            part["bad"] = quarantine.identities(batch, bad, step=hold.step, rank=self.monitor.rank,
+                                                why="non-finite loss on replay")
+        except Exception as exc:
+            part["error"] = f"{type(exc).__name__}: {exc}"
+        return part
+
     def _recompute(self, batch: Any, forward: Any, rng: dict[str, Any] | None, bad: list[int]) -> None:
         """Every rank: the loss of its kept samples (all of them on a rank that named none) from its handout
         RNG state, and its backward (DDP all-reduces: every rank runs it)."""
-        _drop_grads(self.model)
+        self.ops.drop()
         if rng is not None:
             restore_rng(rng)
         kept = [p for p in range(quarantine.num_samples(batch)) if p not in set(bad)]
-        forward(quarantine.select(batch, kept) if bad else batch).backward()
+        self.ops.backward(forward(quarantine.select(batch, kept) if bad else batch))
 
     def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict) -> None:
         kind = "sample" if how == "masked" else how

@@ -60,8 +60,9 @@ def loss_items(kwargs: dict, shifted: bool = True) -> torch.Tensor | None:
     return (labels != IGNORE_INDEX).sum()
 
 
-def output_loss(output: Any) -> torch.Tensor | None:
-    """`loss` of a model output (ModelOutput, dict, tuple with the loss first, or a bare scalar)."""
+def output_loss(output: Any, detach: bool = True) -> torch.Tensor | None:
+    """`loss` of a model output (ModelOutput, dict, tuple with the loss first, or a bare scalar); detached
+    for measuring, or (`detach=False`, a replay's) as the graph's own 0-d tensor to run backward from."""
     loss = None
     if isinstance(output, torch.Tensor):
         loss = output
@@ -73,7 +74,7 @@ def output_loss(output: Any) -> torch.Tensor | None:
     elif isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         loss = output[0]
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        return loss.detach().reshape(())
+        return loss.detach().reshape(()) if detach else loss.reshape(())
     return None
 
 

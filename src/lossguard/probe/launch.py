@@ -56,7 +56,7 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def build_command(name: str, out_dir: Path, *, nproc: int, port: int, steps: int | None,
                   config_json: str | None, guard_events: str | None = None,
-                  halt_on: str | None = None) -> list[str]:
+                  halt_on: str | None = None, recover: bool = False) -> list[str]:
     torchrun = Path(sys.executable).with_name("torchrun")
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     cmd = [*launcher, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(port),
@@ -69,6 +69,8 @@ def build_command(name: str, out_dir: Path, *, nproc: int, port: int, steps: int
         cmd += ["--guard-events", guard_events]
         if halt_on:
             cmd += ["--halt-on", halt_on]
+        if recover:
+            cmd += ["--recover"]
     return cmd
 
 

@@ -118,7 +118,7 @@ def _guard_options(guard: dict | None) -> dict:
     if not guard:
         return {}
     return {"events_dir": guard["events_dir"], "halt_on": guard.get("halt_on"), "fingerprint_every": 1,
-            "console": True}
+            "console": True, "recover": bool(guard.get("recover"))}
 
 
 def run_trainer(scenario: Scenario, out: str, steps: int, ds: dict, guard: dict | None = None) -> None:
@@ -244,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-json", default=None, help="DeepSpeed config file replacing the scenario's")
     parser.add_argument("--guard-events", default=None, help="attach lossguard's live guard, JSONL events here")
     parser.add_argument("--halt-on", default=None, help="with --guard-events: halt on this verdict/severity")
+    parser.add_argument("--recover", action="store_true", help="with --guard-events: recover=True (hold faulty steps)")
     args = parser.parse_args(argv)
-    guard = {"events_dir": args.guard_events, "halt_on": args.halt_on} if args.guard_events else None
+    guard = {"events_dir": args.guard_events, "halt_on": args.halt_on, "recover": args.recover} \
+        if args.guard_events else None
     scenario = get(args.scenario)
     ds = scenario.ds_config
     if args.config_json:

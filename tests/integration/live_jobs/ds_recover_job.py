@@ -3,11 +3,17 @@
     torchrun --nproc_per_node 2 ds_recover_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
 Scenario names: zSTAGE-CASE[-bf16], CASE one of
-  nan_once     rank 1's loss is NaN at step NAN_STEP (recover=True): the step is held on both ranks;
-  masked       rank 1's labels are all -100 at step NAN_STEP (recover=True): held;
-  over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2: halts at 5 with a checkpoint;
-  healthy      recover=True, no fault;
+  nan_once     rank 1's loss is NaN at step NAN_STEP (replay off): the step is held on both ranks;
+  masked       rank 1's labels are all -100 at step NAN_STEP (recover=True): quarantined without a replay;
+  over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2 (replay off): halts at 5 with a
+               checkpoint;
+  transient    rank 1's loss is NaN on the first attempt of step NAN_STEP (recover=True): the replay is clean;
+  poison       the embedding row of token POISON (untied head) is 1e38 and rank 1's sample 2 at step NAN_STEP
+               carries that token (recover=True): that sample is quarantined, the rest committed;
+  resume       `poison` again, a new engine and guard on its events dir: the sample never reaches the model;
+  healthy      recover=True, no fault (`plain-poison`: the poisoned model, no sample carries the token);
   plain        the same healthy run without lossguard.
+The model is tiny GPT-2 with one extra token (POISON) and an untied head, in every scenario.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (its losses, the held steps, the halt, the engine's counters)
 and, at the faulty step, its own shard of the state right before and right after `engine.step()`
 (before-rank{r}.pt, after-rank{r}.pt: parameters or ZeRO-3 partitions, the optimizer's state dict, the LR
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -25,8 +32,38 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 
-STEPS, NAN_STEP = 8, 4
-POISON = {"nan_once": {NAN_STEP}, "masked": {NAN_STEP}, "over_budget": {3, 4, 5}, "healthy": set(), "plain": set()}
+STEPS, NAN_STEP, POISON = 8, 4, tiny.VOCAB
+NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}}
+
+
+def model_for(case: str):
+    """Tiny GPT-2 with one token more than the data uses and an untied head; in `poison` and `resume` that
+    token's embedding row is 1e38: finite, but a sample carrying it overflows the first layer norm."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=tiny.VOCAB + 1, n_positions=tiny.SEQ, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)
+    model = GPT2LMHeadModel(config)
+    if case in ("poison", "resume"):
+        with torch.no_grad():
+            model.transformer.wte.weight[POISON] = 1e38
+    return model
+
+
+def batches_of(rank: int, micro: int, case: str) -> list[dict]:
+    data = tiny.Tokens()
+    out = []
+    for step in range(1, STEPS + 1):
+        start = (rank * micro + (step - 1) * micro * 2) % len(data)
+        ids = data.ids[start:start + micro].clone()
+        labels = ids.clone()
+        if rank == 1 and step == NAN_STEP and case == "masked":
+            labels[:] = -100
+        if rank == 1 and step == NAN_STEP and case in ("poison", "resume"):
+            ids[2, 5] = labels[2, 5] = POISON
+        out.append({"input_ids": ids, "labels": labels})
+    return out
 
 
 def shard_state(engine) -> dict:
@@ -60,27 +97,27 @@ def run(out_dir: str, name: str) -> None:
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
     config = tiny.ds_config(stage, bf16=bf16, **({"check_grad_overflow": False} if bf16 else {}))
-    model = tiny.tiny_gpt2()
+    model = model_for(case)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     guard = None
     if case != "plain":
-        recover = lossguard.RecoverOptions(budget=2, window=100) if case == "over_budget" else True
-        guard = lossguard.attach(engine, events_dir=os.path.join(work, "events"), halt_on="error", recover=recover,
+        recover = True
+        if case in ("nan_once", "over_budget"):  # hold only: the NaN is the loop's, a replay would not see it
+            recover = lossguard.RecoverOptions(budget=2 if case == "over_budget" else 3, window=100, replay=False)
+        events = os.path.join(work, "events")
+        if case == "resume":  # a resume from `poison`'s run: the quarantine it wrote, in this run's events dir
+            os.makedirs(events, exist_ok=True)
+            shutil.copy(os.path.join(out_dir, name.replace("resume", "poison"), "events", "quarantine.jsonl"), events)
+        guard = lossguard.attach(engine, events_dir=events, halt_on="error", recover=recover,
                                  halt_checkpoint_dir=os.path.join(work, "ckpt"), fingerprint_every=1)
-    data = tiny.Tokens()
-    micro = config["train_micro_batch_size_per_gpu"]
-    losses, held, halted = [], [], None
+    steps = batches_of(rank, config["train_micro_batch_size_per_gpu"], case)
+    losses, held, seen, halted = [], [], [], None
     try:
-        for step in range(1, STEPS + 1):
-            start = (rank * micro + (step - 1) * micro * 2) % len(data)
-            batch = data.ids[start:start + micro]
-            labels = batch.clone()
-            poisoned = rank == 1 and step in POISON[case]
-            if poisoned and case == "masked":
-                labels[:] = -100
-            loss = engine(input_ids=batch, labels=labels).loss
-            if poisoned and case != "masked":
-                loss = loss * float("nan")
+        for step, batch in enumerate(guard.batches(steps) if guard is not None else steps, start=1):
+            seen.append(int((batch["input_ids"] == POISON).any()))
+            loss = engine(**batch).loss
+            if rank == 1 and step in NAN_AT.get(case, ()):
+                loss = loss * float("nan")  # the loop's own fault: a replay recomputes the loss without it
             losses.append(float(loss))
             engine.backward(loss)
             if step == NAN_STEP and case in ("nan_once", "masked"):
@@ -93,9 +130,10 @@ def run(out_dir: str, name: str) -> None:
         halted = halt.step
     if guard is not None:
         guard.detach()
+    torch.save(shard_state(engine)["params"], os.path.join(work, f"final-rank{rank}.pt"))
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
         json.dump({"losses": losses, "held": held, "halted_at": halted, "global_steps": engine.global_steps,
-                   "skipped_steps": engine.skipped_steps}, fh)
+                   "skipped_steps": engine.skipped_steps, "seen_poison": seen}, fh)
     if rank == 0:
         findings = [f.to_dict() for f in guard.monitor._emitted] if guard is not None else []
         with open(os.path.join(work, "summary.json"), "w") as fh:

@@ -15,11 +15,11 @@ budget the run halts as above. Snapshots and rollback (`snapshot_every`) are `Gu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from lossguard.monitor import tensors
-from lossguard.monitor.adapters import ds_hold
+from lossguard.monitor import quarantine, replay, tensors
+from lossguard.monitor.adapters import ds_hold, ds_replay
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import LossguardHalt, exit_after_halt
 from lossguard.monitor.options import GuardOptions, refuse_snapshots
@@ -81,26 +81,64 @@ class EngineGate:
     (ZeRO-1/2 `check_grad_overflow`, ZeRO-3 and the bf16 optimizer on an invalid norm, fp16's scaler), and
     the guard reports it as a skipped step with the next exchange."""
 
-    def __init__(self, engine: Any, monitor: Monitor, step_number: Callable[[], int]) -> None:
+    def __init__(self, engine: Any, monitor: Monitor, step_number: Callable[[], int],
+                 replay_from: tuple[ds_replay.Capture, Callable[[Any], Any], quarantine.Quarantine] | None = None
+                 ) -> None:
         self.engine = engine
         self.monitor = monitor
         self.step_number = step_number  # the number a step ends as, read before it
         self.last_step = 0
+        # (the captured batch, the engine's own backward, the quarantine): replay a held step (ds_replay.py)
+        self.replay_from = replay_from
         monitor.lag = 1  # fingerprints and update ratios are read before the step
         monitor.deferred = True
 
     def step(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, bool]:
         """(what `engine.step()` returned, None when held; whether the run must halt now)."""
         self.last_step = step = self.step_number()
-        halt = self.monitor.end_step(step, lrs=_engine_lrs(self.engine), gating=True)
-        if halt or self.monitor.held is not None:
-            ds_hold.hold(self.engine, lambda: run_step(*args, **kwargs))
-            return None, halt
+        capture = self.replay_from[0] if self.replay_from is not None else None
+        replaying = capture is not None and capture.ready() and self.monitor.gate.options.replay \
+            and self.engine.gradient_accumulation_steps() == 1
+        self.monitor.gate.replay = replaying  # the replay writes the step's record
+        try:
+            halt = self.monitor.end_step(step, lrs=_engine_lrs(self.engine), gating=True)
+            hold = self.monitor.held
+            if hold is not None and replaying and not halt:
+                return (self._commit(run_step, args, kwargs) if self._replayed(hold, run_step, args, kwargs)
+                        else None), False
+            if hold is not None and replaying:  # halting instead: the held step's own record
+                self.monitor.gate.replay = False
+                self.monitor._hold(hold, [])
+            if halt or hold is not None:
+                ds_hold.hold(self.engine, lambda: run_step(*args, **kwargs))
+                return None, halt
+            return self._commit(run_step, args, kwargs), False
+        finally:
+            if capture is not None:
+                capture.reset()
+
+    def _commit(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         result = run_step(*args, **kwargs)
         signals = engine_signals(self.engine)
         self.monitor.after_step(grad_norm=signals["grad_norm"], loss_scale=signals.get("loss_scale"),
                                 skipped_steps=signals["skipped_steps"])
-        return result, False
+        return result
+
+    def _replayed(self, hold: Any, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+        """Replay and classify the held step on every rank (monitor/replay.py); True: commit it."""
+        capture, backward, held = self.replay_from
+        run = lambda: run_step(*args, **kwargs)  # noqa: E731
+        ops = ds_replay.DeepSpeedOps(self.engine, run, backward)
+        try:
+            ok = replay.Replayer(self.monitor, None, held, ops=ops).classify(
+                hold, capture.batch, ds_replay.forward_of(self.engine, capture), capture.rng)
+        except Exception as exc:  # past the errors `classify` shares: report, hold the step
+            self.monitor._fail(exc, "replay")
+            ds_hold.hold(self.engine, run, counted=False)
+            ok = False
+        if not ok:
+            ds_hold.count_skipped(self.engine)
+        return ok
 
 
 class Attachment:
@@ -113,14 +151,27 @@ class Attachment:
         module = engine.module
         self.monitor = Monitor(options, module, optimizer=engine.optimizer,
                                facts={**engine_facts(engine), **(facts or {})}, entry=entry)
-        self.gate = EngineGate(engine, self.monitor, lambda: engine.global_steps + 1) \
+        self.quarantine = quarantine.Quarantine(options.events_dir)
+        self.capture = ds_replay.Capture() if self.monitor.gate is not None else None
+        self.gate = EngineGate(engine, self.monitor, lambda: engine.global_steps + 1,
+                               (self.capture, engine.backward, self.quarantine)) \
             if self.monitor.gate is not None else None
         self._labels: list[Any] = []
         self._hook = module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         self._orig_backward, self._orig_step = engine.backward, engine.step
         engine.backward, engine.step = self._backward, self._step
 
+    def batches(self, loader: Any) -> Iterator[Any]:
+        """`loader`'s batches without the samples a `sample` recovery quarantined (this run's, and those in
+        the events dir's `quarantine.jsonl` from before a resume): `for batch in guard.batches(loader):`."""
+        for batch in loader:
+            yield quarantine.without_quarantined(batch, self.quarantine)
+
     def _pre_forward(self, module, args, kwargs):
+        if self.capture is not None:
+            if self.capture.off:  # the replay's own forward: the step's labels are already counted
+                return
+            self.capture.record(module, args, kwargs)
         labels = tensors.find_labels(args, kwargs)
         if labels is not None:
             self._labels.append(labels)

@@ -30,9 +30,12 @@ from typing import Any
 _COUNTERS = ("skipped_steps", "_global_grad_norm")
 
 
-def hold(engine: Any, run_step: Callable[[], Any]) -> None:
-    """Run `run_step` (the engine's own `step`) so that it applies nothing, then put the counters back."""
-    counters = {name: getattr(engine, name) for name in _COUNTERS if hasattr(engine, name)}
+def hold(engine: Any, run_step: Callable[[], Any], *, counted: bool = True) -> None:
+    """Run `run_step` (the engine's own `step`) so that it applies nothing, then put the counters back.
+    `counted=False` (gradients dropped before a replay, whose own step is the one that counts): the step
+    and sample counts too."""
+    names = _COUNTERS if counted else (*_COUNTERS, "global_steps", "global_samples", "micro_steps")
+    counters = {name: getattr(engine, name) for name in names if hasattr(engine, name)}
     undo = _force_overflow(engine.optimizer)
     try:
         run_step()
@@ -81,3 +84,11 @@ def _shadow(obj: Any, name: str, replacement: Callable[..., Any]) -> Callable[[]
             delattr(obj, name)
 
     return undo
+
+
+def count_skipped(engine: Any) -> None:
+    """What DeepSpeed's step counts for a step it skips, for a held step whose gradients a replay dropped
+    with `counted=False` (the replay faulted again: no step of its own follows)."""
+    engine.global_steps += 1
+    engine.micro_steps += 1
+    engine.global_samples += engine.train_batch_size()

@@ -1,0 +1,90 @@
+"""Replay under a DeepSpeed engine (`attach(engine, recover=True)`): the held step's batch, run again.
+
+The loop stays as it was (`loss = engine(**batch).loss; engine.backward(loss); engine.step()`). `Capture`
+records each training forward's keyword arguments (the batch as the model got it) and the RNG state as it
+starts. When the gate holds the step, the replay (monitor/replay.py) calls the engine again with them and
+reads the loss from the model's output; its gradients go through the engine's own `backward`, so ZeRO
+reduces them as in the first attempt. `DeepSpeedOps` drops gradients by DeepSpeed's overflow path
+(ds_hold.py) with the engine's counters put back, since the replay's step is the one that counts.
+
+Replayed only when the step had one micro-batch (gradient accumulation 1: replaying an accumulated step
+would need every micro-batch), the model was called with keyword tensors only, and its output carries the
+loss (a loss computed outside the model cannot be recomputed here). Otherwise the step is held, as tier 1.
+Under ZeRO-3 every forward all-gathers parameters: the per-sample scan then runs the same number of
+forwards on every rank (`symmetric_scan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lossguard.monitor import replay, tensors
+from lossguard.monitor.adapters import ds_hold
+
+
+class Capture:
+    """The last training forward's batch and RNG state (one micro-batch per step)."""
+
+    def __init__(self) -> None:
+        self.batch: dict[str, Any] | None = None
+        self.rng: dict[str, Any] | None = None
+        self.forwards = 0  # training forwards since the last step
+        self.off = False  # the replay's own forwards are not captured
+
+    def record(self, module: Any, args: tuple, kwargs: dict) -> None:
+        if self.off or not module.training:
+            return
+        self.forwards += 1
+        self.batch = dict(kwargs) if not args and kwargs else None
+        self.rng = replay.capture_rng()
+
+    def ready(self) -> bool:
+        return self.forwards == 1 and self.batch is not None
+
+    def reset(self) -> None:
+        self.batch, self.rng, self.forwards = None, None, 0
+
+
+class DeepSpeedOps(replay.Ops):
+    def __init__(self, engine: Any, run_step: Callable[[], Any], backward: Callable[[Any], Any]) -> None:
+        super().__init__(engine.module)
+        self.engine = engine
+        self.run_step = run_step
+        self._backward = backward
+        self.symmetric_scan = _zero_stage(engine) == 3
+
+    def drop(self) -> None:
+        ds_hold.hold(self.engine, self.run_step, counted=False)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._backward(loss)
+
+    def grads_ok(self) -> bool:
+        # Reduced into ZeRO partitions and read inside the step: DeepSpeed's own overflow check skips a
+        # step whose gradients are non-finite (and the guard reports the skip). The loss decides here.
+        return True
+
+
+def forward_of(engine: Any, capture: Capture) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """The replay's forward: the engine called as the loop called it, its output's loss."""
+    def forward(batch: dict[str, Any]) -> torch.Tensor:
+        capture.off = True
+        try:
+            loss = tensors.output_loss(engine(**batch), detach=False)
+        finally:
+            capture.off = False
+        if loss is None:
+            raise ValueError("the model's output carries no loss: the step cannot be replayed")
+        return loss
+
+    return forward
+
+
+def _zero_stage(engine: Any) -> int:
+    try:
+        return int(engine.zero_optimization_stage())
+    except Exception:
+        return 0
