@@ -126,6 +126,7 @@ class _EventTail:
         self._read()
         ready = sorted(s for s, ranks in self.steps.items() if s > self.printed and (len(ranks) >= 2 or final))
         for step in ready:
+            self._show_held(console, before=step)
             ranks = self.steps[step]
             losses = " | ".join(_num(ranks[r].get("raw_loss")) for r in sorted(ranks))
             grad = _num(next(iter(ranks.values())).get("grad_norm"))
@@ -137,7 +138,13 @@ class _EventTail:
                 console.print(Text(f"  >>> lossguard {finding['code']} [{finding.get('signature')}] "
                                    f"{finding['message']}", style="bold red"))
             self.printed = step
-        for held in [r for r in self.recoveries if not r.get("_shown") and (r["step"] <= self.printed + 1 or final)]:
+        if final:
+            self._show_held(console, before=None)
+
+    def _show_held(self, console: Console, before: int | None) -> None:
+        """The held steps before step `before` (None: all left), each on its line in step order."""
+        for held in sorted((r for r in self.recoveries if not r.get("_shown")
+                            and (before is None or r["step"] < before)), key=lambda r: r["step"]):
             held["_shown"] = True
             ranks = ", ".join(map(str, held.get("ranks") or [])) or "?"
             console.print(Text(f"  step {held['step']:>3}  >>> lossguard held the step on every rank: "

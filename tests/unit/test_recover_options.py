@@ -82,3 +82,31 @@ def test_recovery_lines_become_recoveries_once_per_step(tmp_path):
     assert report["verdict"] == "warning"  # a recovered run never reads as healthy
     assert [f["code"] for f in report["findings"]] == ["REC001"]
     assert report["stats"]["events"] == {}  # the recovery lines reached no detector
+
+
+def test_a_logs_values_at_a_recovered_step_are_left_out(tmp_path):
+    """The Trainer's NaN filter logs a made-up loss at a step the guard held (its first attempt): beside the
+    guard's events that value must not reach the detectors, where it reads as a drop then a divergence."""
+    run = tmp_path / "run"
+    held = {"type": "recovery", "step": 8, "ranks": [0], "kind": "held", "samples": [], "steps_lost": 1,
+            "signature": "nonfinite", "code": "LOSS001", "action": "held: ..."}
+    header = {"type": "header", "format": "lossguard-events", "version": 1, "world_size": 2}
+    run.mkdir()
+    for rank in (0, 1):
+        records = [{"type": "record", "kind": "train", "step": s, "rank": rank,
+                    "signals": {"loss": 4.0 - s / 100, "raw_loss": 4.0 - s / 100, "grad_norm": 1.0}}
+                   for s in range(1, 21) if s != 8]
+        lines = [{**header, "rank": rank}, *records, held]
+        (run / f"events-rank{rank}.jsonl").write_text("".join(json.dumps(x, separators=(",", ":")) + "\n"
+                                                              for x in lines))
+    history = [{"step": s, "loss": 1.8 if s == 8 else 4.0 - s / 100, "grad_norm": 1.0, "learning_rate": 1e-3}
+               for s in range(1, 21)]
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": history}))
+    report = analyze([run]).to_dict()
+    assert [r["step"] for r in report["recoveries"]] == [8]
+    assert report["verdict"] == "warning" and [f["code"] for f in report["findings"]
+                                               if f["severity"] != "info"] == ["REC001"]
+    without = tmp_path / "alone"
+    without.mkdir()
+    (without / "trainer_state.json").write_text((run / "trainer_state.json").read_text())
+    assert analyze([without]).to_dict()["verdict"] == "broken"  # the same log alone: the made-up drop diverges

@@ -222,11 +222,22 @@ def _merged_many(inputs: list[Input], gathering: Gathering | None) -> Iterator[R
         yield from _noting_guard_off(merged(live), gathering)
         inputs = [i for i in inputs if not isinstance(i.source, LossguardEventsSource)]
     if len(inputs) == 1:  # the live files and one other input
-        yield from _parse(inputs[0], gathering)
+        yield from _without_recovered(_parse(inputs[0], gathering), gathering)
         return
     rank = {type(s): i for i, s in enumerate(SOURCES)}  # by type: a tracker's source is bound to its run
     ordered = sorted(inputs, key=lambda i: rank.get(type(i.source), len(SOURCES)))
-    yield from _merge_on_steps(_read_each(ordered, gathering))
+    yield from _without_recovered(_merge_on_steps(_read_each(ordered, gathering)), gathering)
+
+
+def _without_recovered(records: Iterable[Record], gathering: Gathering | None) -> Iterator[Record]:
+    """The records, less the training records of the steps the live guard recovered (read from its events,
+    which come first). What a log says of such a step is its faulty first attempt, never applied: the
+    Trainer's NaN filter even logs a made-up loss there, which would read as a drop and a divergence."""
+    recovered = {r.get("step") for r in gathering.recoveries} if gathering is not None else set()
+    for record in records:
+        if recovered and record.kind != EVENT and record.step in recovered:
+            continue
+        yield record
 
 
 def _read_each(inputs: list[Input], gathering: Gathering | None) -> list[list[Record]]:
