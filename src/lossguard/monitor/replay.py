@@ -11,13 +11,17 @@ When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.
   the first attempt: every rank replays, or none does). A rank whose replayed loss is non-finite then runs a
   per-sample forward (no grad, no collective) to find the samples that produce it. One exchange
   (`gather_objects`) shares every rank's replayed loss, whether its gradients are finite, and its bad
-  samples; every rank reads the same list and decides the same:
+  samples; every rank reads the same list and decides the same (a step held for a loss jump faults again
+  when some rank's replayed loss is still above the limit it was held at: monitor/jump.py):
   * nothing faults again: **transient**; the replay's gradients are committed. The RNG streams are where
     the first attempt left them (the replay drew the same numbers from the same state), so on CPU the run
     is bit-equal to one in which the fault never happened.
   * it faults again and some rank named some but not all of its samples: **sample**; they are quarantined
     (monitor/quarantine.py), every rank recomputes its loss from its handout RNG state on the samples kept
     and runs backward, and the step is committed.
+  * a held jump that jumps again, every loss and gradient finite: the batch gives that loss with these
+    weights; **held** (the batch dropped; no per-sample scan: one healthy sample's loss may well sit above a
+    limit set on the losses of whole batches, so it would name healthy samples).
   * it faults again and no sample is named (the gradients, not the loss, are non-finite) or every sample
     of a rank's batch fails: the state is bad, not the data: **held**, as tier 1 (non-finite weights are rolled back
     before any replay when snapshots are on: monitor/snapshots.py).
@@ -33,7 +37,7 @@ from typing import Any
 import torch
 
 from lossguard.monitor import dist, quarantine, tensors
-from lossguard.monitor.recover import Hold
+from lossguard.monitor.recover import Hold, describe
 from lossguard.monitor.sinks import say
 
 ACTIONS = {
@@ -44,6 +48,7 @@ ACTIONS = {
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
     "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
             "gradients do): the state is bad, not the data; the step held",
+    "jump": "held: replayed, the loss jumped far above the run's spread again; the batch dropped, the step held",
 }
 
 
@@ -117,7 +122,9 @@ class Replayer:
         named = [e for row in rows for e in row["bad"]]
         whole = any(row["bad"] and len(row["bad"]) == row["size"] for row in rows)
         if not named or whole or any(row["error"] for row in rows):
-            self._record(hold, "held", named, origin(hold), replay)
+            jumped = not named and all(math.isfinite(row["loss"]) and row["grads_ok"] for row in rows)
+            self._record(hold, "jump" if jumped and hold.jump_limit is not None else "held", named, origin(hold),
+                         replay)
             _drop_grads(self.model)
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
@@ -138,10 +145,12 @@ class Replayer:
             loss.backward()
             norm = tensors.grad_norm(p for p in self.model.parameters() if p.requires_grad)
             row["loss"] = float(loss.detach())  # SYNC POINT: fault path only
-            row["loss_ok"] = math.isfinite(row["loss"])
+            # a held jump faults again when the replayed loss is still above the limit it was held at
+            limit = hold.jump_limit
+            row["loss_ok"] = math.isfinite(row["loss"]) and (limit is None or row["loss"] <= limit)
             row["grads_ok"] = norm is None or math.isfinite(float(norm))
             row["size"] = quarantine.num_samples(batch)
-            if not row["loss_ok"] and row["size"]:
+            if not math.isfinite(row["loss"]) and row["size"]:  # the scan names non-finite samples only
                 positions = _bad_samples(batch, forward, self.model)
                 row["bad"] = quarantine.identities(batch, positions, step=hold.step, rank=self.monitor.rank,
                                                    why="non-finite loss on replay")
@@ -159,9 +168,10 @@ class Replayer:
         forward(quarantine.select(batch, kept) if bad else batch).backward()
 
     def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict) -> None:
-        kind = "sample" if how == "masked" else how
+        kind = {"masked": "sample", "jump": "held"}.get(how, how)
         event = {**self.monitor.gate.event(hold), "kind": kind, "ranks": ranks,
-                 "samples": named, "steps_lost": 1 if how in ("held", "masked") else 0, "action": ACTIONS[how]}
+                 "samples": named, "steps_lost": 1 if how in ("held", "masked", "jump") else 0,
+                 "action": ACTIONS[how]}
         if replay:
             event["replay"] = replay
         if self.monitor.jsonl is not None:
@@ -180,12 +190,13 @@ def origin(hold: Hold) -> list[int]:
 
 
 def console_line(hold: Hold, how: str, named: list[dict], options: Any) -> str:
-    what = "; ".join(f"{f['fault']} on rank(s) {', '.join(map(str, f['ranks']))}" for f in hold.faults)
+    what = describe(hold.faults)
     who = ", ".join(f"rank {e['rank']} position {e['position']} hash {e['hash']}"
                     + (f" index {e['index']}" if e["index"] is not None else "") for e in named)
     told = {"transient": "transient (the replay did not fault): the replay committed",
             "sample": f"reproducible: quarantined {who}; the rest of the batch committed",
             "masked": f"no supervised token: quarantined {who} without a replay; the step held",
-            "held": "reproducible and no sample accounts for it (bad state, not data): the step held"}[how]
+            "held": "reproducible and no sample accounts for it (bad state, not data): the step held",
+            "jump": "reproducible: the loss jumped again on replay; the batch dropped, the step held"}[how]
     return (f"lossguard: recovered at step {hold.step}: {what} ({hold.code}, {hold.signature}); {told}; "
             f"{hold.used} of {options.budget} recoveries within {options.window} steps used")
