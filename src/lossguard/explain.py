@@ -85,9 +85,11 @@ RECOVERED = """\
 REC001 recovered (warning): the live guard (`recover=True`) recovered steps in place: the run finished, but
 each listed fault happened. The JSON report's `recoveries` lists each one: step, ranks, kind, samples,
 steps lost, signature, code and the action taken; `ranks` are those the fault started on. Kinds: `held`
-(the commit gate skipped the optimizer step on every rank and dropped the batch; under DeepSpeed the
-engine's step took its own overflow path, so weights, optimizer shards, scheduler and loss scale stayed as
-they were); `transient` (the held batch, replayed with the RNG state it first ran
+(the commit gate skipped the optimizer step on every rank and dropped the batch, for a non-finite loss or
+gradient (LOSS001), a micro-batch with every label masked (LABEL001), or a loss far above the run's own
+spread (LOSS006, `loss-spike`: over ten robust spreads, 3x the typical loss and half a nat above it,
+after 20 committed steps); under DeepSpeed the engine's step took its own overflow path, so weights,
+optimizer shards, scheduler and loss scale stayed as they were); `transient` (the held batch, replayed with the RNG state it first ran
 with, did not fault again: the replay was applied); `sample` (the replay faulted again; a forward per sample
 named the samples whose loss is non-finite: they were quarantined, listed by token-id hash and dataset index,
 and the rest of the batch was applied); `rollback` (weights turned non-finite after an applied step: every

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.live_helpers import SRC, run_job  # noqa: E402
 
-SCENARIOS = ["nan_once", "over_budget", "healthy", "plain"]
+SCENARIOS = ["nan_once", "over_budget", "jump", "healthy", "plain"]
 NAN_STEP = 4
+JUMP_STEPS, JUMP_STEP = 30, 26  # recover_job.py: rank 1's loss x50 at JUMP_STEP
 
 
 @pytest.fixture(scope="module")
@@ -87,5 +88,27 @@ def test_healthy_run_trains_exactly_as_without_lossguard(job):
 
 def test_every_rank_made_the_same_collectives(job):
     _, ranks = job
-    for name in ("nan_once", "over_budget", "healthy"):
+    for name in ("nan_once", "over_budget", "jump", "healthy"):
         assert ranks[name][0]["steps_by_path"] == ranks[name][1]["steps_by_path"], name
+
+
+def test_a_loss_jump_on_one_rank_is_held_on_both_and_the_run_goes_on(job):
+    out, ranks = job
+    for rank in ranks["jump"]:
+        assert rank["commits"] == [step != JUMP_STEP for step in range(1, JUMP_STEPS + 1)]
+        assert rank["grads_dropped"] == [True] and rank["halted_at"] is None
+    jumped, other = ranks["jump"][1]["losses"][JUMP_STEP - 1], ranks["jump"][0]["losses"][JUMP_STEP - 1]
+    assert jumped > 20 * other  # the fault really was there, and finite
+    report = _analyze_json(out / "jump" / "events")
+    assert [(r["step"], r["ranks"], r["kind"], r["signature"], r["code"]) for r in report["recoveries"]] == [
+        (JUMP_STEP, [1], "held", "loss-spike", "LOSS006")]
+    lines = [json.loads(line) for r in (0, 1)
+             for line in (out / "jump" / "events" / f"events-rank{r}.jsonl").read_text().splitlines()]
+    held = [line for line in lines if line["type"] == "recovery"]
+    assert len(held) == 2  # written by each rank
+    fault = held[0]["faults"][0]
+    assert fault["fault"].startswith("loss jump") and fault["loss"] == jumped
+    assert fault["typical"] < fault["limit"] < jumped and fault["spread"] >= 0
+    # no step but the jump was held, and the run trained as the healthy one up to the jump
+    for jump, healthy in zip(ranks["jump"], ranks["healthy"], strict=True):
+        assert jump["losses"][:len(healthy["losses"])] == healthy["losses"]

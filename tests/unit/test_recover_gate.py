@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from lossguard.monitor import summary, wire  # noqa: E402
+from lossguard.monitor.jump import NATS, RELATIVE, SPREADS, WARMUP  # noqa: E402
 from lossguard.monitor.options import RecoverOptions  # noqa: E402
-from lossguard.monitor.recover import Gate  # noqa: E402
+from lossguard.monitor.recover import JUMP, Gate  # noqa: E402
 
 LAYOUT = wire.Layout(num_lr=1, groups=("all",))
 
@@ -36,3 +38,108 @@ def test_budget_counts_within_the_window_then_gives_up():
     bad = [_row(loss=math.nan)]
     assert [gate.judge(s, bad, None).give_up for s in (1, 2, 3)] == [False, False, True]
     assert gate.judge(12, bad, None).give_up is False  # steps 1 and 2 left the window
+
+
+# -- the loss jump (monitor/jump.py) ----------------------------------------------------------------------
+
+def _run(gate, losses, start=1):
+    """Feed one loss per step (the same on two ranks unless a list is given); the steps held."""
+    held = []
+    for step, loss in enumerate(losses, start):
+        per_rank = loss if isinstance(loss, list) else [loss, loss]
+        hold = gate.judge(step, [_row(loss=value) for value in per_rank], None)
+        if hold is not None:
+            held.append((step, hold))
+    return held
+
+
+def test_a_flat_loss_then_a_jump_is_held_at_the_jump_on_its_rank():
+    gate = Gate(RecoverOptions())
+    held = _run(gate, [2.0] * 30 + [[2.0, 100.0]] + [2.0] * 5)
+    assert [step for step, _ in held] == [31]
+    hold = held[0][1]
+    assert hold.signature == "loss-spike" and hold.code == "LOSS006" and hold.ranks == [1]
+    fault = hold.faults[0]
+    assert fault["fault"] == JUMP and fault["values"] == {1: 100.0} and fault["loss"] == 100.0
+    assert fault["typical"] == 2.0 and fault["spread"] == 0.0  # a flat loss: the floors decide
+    assert fault["limit"] == 2.0 + RELATIVE * 2.0
+    event = gate.event(hold)
+    assert event["signature"] == "loss-spike" and event["faults"][0]["typical"] == 2.0
+
+
+def test_the_floors_hold_a_flat_run_below_them():
+    """Zero spread: just under 3x the typical value commits, just over it holds; near zero, half a nat."""
+    assert _run(Gate(RecoverOptions()), [2.0] * 25 + [5.99]) == []
+    assert len(_run(Gate(RecoverOptions()), [2.0] * 25 + [6.01])) == 1
+    assert _run(Gate(RecoverOptions()), [0.01] * 25 + [0.01 + NATS - 0.01]) == []
+    assert len(_run(Gate(RecoverOptions()), [0.01] * 25 + [0.01 + NATS + 0.01])) == 1
+
+
+def test_nothing_is_held_during_the_warm_up():
+    assert _run(Gate(RecoverOptions()), [2.0] * (WARMUP - 1) + [200.0]) == []
+    assert [step for step, _ in _run(Gate(RecoverOptions()), [2.0] * WARMUP + [200.0])] == [WARMUP + 1]
+
+
+def test_a_noisy_healthy_run_is_never_held():
+    """Seeded noise (Gaussian and heavy-tailed, several seeds, two ranks) around a slowly falling curve."""
+    for seed in range(8):
+        rng = random.Random(seed)
+        losses = []
+        for step in range(2000):
+            curve = 1.0 + 2.0 * math.exp(-step / 400)
+            # odd seeds add a right-skewed tail: a few batches far harder than the rest, as real data has
+            losses.append([max(curve + rng.gauss(0, 0.15) + (0.2 * rng.expovariate(1.0) if seed % 2 else 0.0), 0.0)
+                           for _ in range(2)])
+        assert _run(Gate(RecoverOptions()), losses) == [], seed
+
+
+def test_a_noisy_run_is_judged_by_its_own_spread():
+    """Losses swinging widely around 2.0: the spread term sets the limit, above the 3x floor."""
+    swings = [2.0 + (1.0 if step % 2 else -1.0) * (0.5 + 0.5 * (step % 3)) for step in range(40)]
+    gate = Gate(RecoverOptions())
+    assert _run(gate, swings + [9.0]) == []  # over 3x the typical loss, within ten spreads of it
+    typical, spread, limit = gate.losses.bound()
+    assert limit == typical + SPREADS * spread > 3 * typical
+    assert len(_run(gate, [limit + 0.1], start=42)) == 1
+
+
+def test_a_steep_smooth_early_descent_is_never_held():
+    losses = [10.0 * math.exp(-step / 15) + 0.3 for step in range(300)]
+    assert _run(Gate(RecoverOptions()), losses) == []
+    rising = [1.0 + 0.01 * step for step in range(300)]  # a slow climb (an LR warm-up's bump) is no jump
+    assert _run(Gate(RecoverOptions()), rising) == []
+
+
+def test_a_held_jump_does_not_enter_the_history():
+    gate = Gate(RecoverOptions(budget=5, window=100))
+    _run(gate, [2.0] * 30)
+    before = list(gate.losses.recent)
+    assert len(_run(gate, [50.0, 50.0, 50.0], start=31)) == 3  # held every time: the limit did not move
+    assert list(gate.losses.recent) == before
+    _run(gate, [2.5], start=34)
+    assert list(gate.losses.recent) == [*before, 2.5]  # a committed step does enter it
+
+
+def test_rows_and_summary_agree_on_the_jump():
+    """The same history and the same decision, from the rows and from the reduced summary (its max)."""
+    by_rows, by_summary = Gate(RecoverOptions()), Gate(RecoverOptions())
+    rng = random.Random(3)
+    series = [[2.0 + rng.gauss(0, 0.1) for _ in range(3)] for _ in range(40)] + [[2.0, 2.1, 40.0], [2.0, 2.1, 2.2]]
+    for step, losses in enumerate(series, 1):
+        rows = [_row(loss=value) for value in losses]
+        from_rows = by_rows.judge(step, rows, None)
+        from_summary = by_summary.judge(step, None, summary.of_rows(LAYOUT, rows))
+        assert (from_rows is None) == (from_summary is None), step
+        if from_rows is not None:
+            assert step == 41 and from_rows.ranks == [2] and from_summary.signature == from_rows.signature
+            assert from_summary.faults[0]["loss"] == from_rows.faults[0]["loss"] == 40.0
+            assert from_summary.faults[0]["limit"] == from_rows.faults[0]["limit"]
+    assert list(by_rows.losses.recent) == list(by_summary.losses.recent)
+
+
+def test_a_non_finite_fault_comes_before_a_jump():
+    gate = Gate(RecoverOptions())
+    _run(gate, [2.0] * 25)
+    hold = gate.judge(26, [_row(loss=math.nan), _row(loss=90.0)], None)
+    assert [f["fault"] for f in hold.faults] == ["non-finite loss", JUMP]
+    assert hold.signature == "nonfinite" and hold.ranks == [0]

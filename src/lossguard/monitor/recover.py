@@ -8,7 +8,8 @@ non-finite or zero value, which every fault here is), so every rank reads the sa
 numbers and reaches the same decision: commit on all ranks, or hold on all ranks. No extra collective.
 
 A fault the gate holds: a non-finite loss on any rank, a non-finite gradient norm on any rank, a micro-batch
-whose labels are all masked (fewest label tokens 0). A held step is not fed to the detectors (it was not
+whose labels are all masked (fewest label tokens 0), and, once it has measured the run's spread, a loss on
+some rank that jumps far above it (monitor/jump.py: the gate's own history of committed steps). A held step is not fed to the detectors (it was not
 applied: it is not part of the run's trajectory, and a detector that reports a fault once must still see a
 later, real one); it is written to every rank's events file as a `recovery` line with the values that
 triggered it, and `lossguard analyze` lists it under `recoveries`.
@@ -27,15 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lossguard.monitor import summary, wire
+from lossguard.monitor.jump import LossHistory
 from lossguard.monitor.options import RecoverOptions
 
 # (what the gate calls the fault, the slot it is read from, the signature and the detector code that names
-# the same fault when it is applied: LOSS001 for a non-finite loss or gradient, LABEL001 for masked labels).
-# Causes first: a micro-batch with no label token also gives a NaN loss (a mean over no token), and the
-# step's signature is the first fault's.
+# the same fault when it is applied: LOSS001 for a non-finite loss or gradient, LABEL001 for masked labels,
+# LOSS006 for a loss spike). Causes first: a micro-batch with no label token also gives a NaN loss (a mean
+# over no token), and the step's signature is the first fault's; a jump is judged on the finite losses
+# only, so a step that also has a non-finite value is named by that first.
+JUMP = "loss jump far above the run's spread"
 _FAULTS = (("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-labels", "LABEL001"),
            ("non-finite loss", wire.RAW_LOSS, "nonfinite", "LOSS001"),
-           ("non-finite gradient norm", wire.GRAD_NORM, "nonfinite", "LOSS001"))
+           ("non-finite gradient norm", wire.GRAD_NORM, "nonfinite", "LOSS001"),
+           (JUMP, wire.RAW_LOSS, "loss-spike", "LOSS006"))
+_BY_SLOT = _FAULTS[:3]  # read value by value; the jump against the gate's history (monitor/jump.py)
 _BITS = {wire.RAW_LOSS: wire.HAS_LOSS, wire.GRAD_NORM: wire.HAS_GRAD_NORM, wire.MIN_LABELS: wire.HAS_LABELS}
 ACTION = "held: optimizer.step() skipped on every rank, the held gradients dropped, the batch not replayed"
 
@@ -60,6 +66,11 @@ class Hold:
         return _first(self.faults, 2)
 
     @property
+    def jump_limit(self) -> float | None:
+        """The loss above which the step was a jump (a replay is judged by it), None unless one was held."""
+        return next((f["limit"] for f in self.faults if f["fault"] == JUMP), None)
+
+    @property
     def code(self) -> str:
         return _first(self.faults, 3)
 
@@ -75,11 +86,18 @@ class Gate:
     held_steps: deque = field(default_factory=deque)
     num_held: int = 0
     replay: bool = False  # set by `Guard.commit` when it will replay a held step (monitor/replay.py)
+    losses: LossHistory = field(default_factory=LossHistory)  # committed steps only: a held one is no spread
 
     def judge(self, step: int, rows: list[list[float]] | None, seen: summary.Summary | None) -> Hold | None:
-        """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank."""
+        """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank, and
+        so is the loss history each rank keeps."""
         faults = _from_rows(rows) if rows is not None else _from_summary(seen)
+        peak = _peak(rows, seen)
+        jump = _jump(self.losses.bound(), peak, rows)
+        if jump is not None:
+            faults.append(jump)
         if not faults:
+            self.losses.commit(peak)
             return None
         while self.held_steps and step - self.held_steps[0] >= self.options.window:
             self.held_steps.popleft()
@@ -97,7 +115,7 @@ class Gate:
                 "budget": {"used": hold.used, "budget": self.options.budget, "window": self.options.window}}
 
     def console_line(self, hold: Hold) -> str:
-        what = "; ".join(f"{f['fault']} on rank(s) {', '.join(map(str, f['ranks']))}" for f in hold.faults)
+        what = describe(hold.faults)
         if hold.give_up:
             return (f"lossguard: halting at step {hold.step} on every rank: {what} ({hold.code}, {hold.signature}); "
                     f"the recovery budget is spent ({hold.used} steps held within {self.options.window}, "
@@ -107,9 +125,16 @@ class Gate:
                 f"{self.options.budget} recoveries within {self.options.window} steps used")
 
 
+def describe(faults: list[dict[str, Any]]) -> str:
+    """The faults as the console says them; a jump with the numbers it was judged by."""
+    return "; ".join(f"{f['fault']} on rank(s) {', '.join(map(str, f['ranks']))}"
+                     + (f" (loss {f['loss']:.4g}, typical {f['typical']:.4g}, spread {f['spread']:.3g})"
+                        if f["fault"] == JUMP else "") for f in faults)
+
+
 def _from_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
     faults = []
-    for name, slot, _, _ in _FAULTS:
+    for name, slot, _, _ in _BY_SLOT:
         values = {rank: row[slot] for rank, row in enumerate(rows) if _present(row, slot) and _faulty(slot, row[slot])}
         if values:
             faults.append({"fault": name, "ranks": sorted(values), "values": values})
@@ -131,8 +156,33 @@ def _from_summary(seen: summary.Summary | None) -> list[dict[str, Any]]:
     if seen is None:
         return []
     faults = []
-    for name, slot, _, _ in _FAULTS:
+    for name, slot, _, _ in _BY_SLOT:
         count = seen.zeros[slot] if slot == wire.MIN_LABELS else seen.nonfinite[slot]
         if count > 0:
             faults.append({"fault": name, "ranks": [], "values": {}})
     return faults
+
+
+def _peak(rows: list[list[float]] | None, seen: summary.Summary | None) -> float | None:
+    """The step's highest finite loss over the ranks (None: none measured): from the rows, or the summary's
+    max, which is the same number."""
+    if rows is not None:
+        losses = [row[wire.RAW_LOSS] for row in rows if _present(row, wire.RAW_LOSS)]
+        return max((loss for loss in losses if math.isfinite(loss)), default=None)
+    if seen is None or not seen.has(wire.RAW_LOSS):
+        return None
+    high = seen.high[wire.RAW_LOSS]
+    return high if math.isfinite(high) else None
+
+
+def _jump(bound: tuple[float, float, float] | None, peak: float | None,
+          rows: list[list[float]] | None) -> dict[str, Any] | None:
+    """The jump fault, with what it was measured against (the user sees why), or None. From the summary
+    the ranks are unknown: only the highest loss is."""
+    if bound is None or peak is None or peak <= bound[2]:
+        return None
+    typical, spread, limit = bound
+    values = {} if rows is None else {rank: row[wire.RAW_LOSS] for rank, row in enumerate(rows)
+                                      if _present(row, wire.RAW_LOSS) and row[wire.RAW_LOSS] > limit}
+    return {"fault": JUMP, "ranks": sorted(values), "values": values, "loss": peak, "typical": typical,
+            "spread": spread, "limit": limit}

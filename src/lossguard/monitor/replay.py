@@ -9,17 +9,21 @@ When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.
 - **otherwise, replay**: every rank drops its gradients, restores the RNG state its batch was handed out
   with (`Guard.batches`), recomputes the loss with `forward(batch)` and runs backward (DDP all-reduces as in
   the first attempt: every rank replays, or none does). One exchange (`gather_objects`) shares every
-  rank's replayed loss and whether its gradients are finite. When some rank's loss faults again, the ranks
-  whose own loss does run a per-sample forward (no grad) to find the samples that produce it, and a second
-  exchange shares them (both on the fault path only). Under ZeRO-3 a forward all-gathers parameters, so
-  there every rank runs the same number of scan forwards (`Ops.symmetric_scan`). Every rank reads the same
-  lists and decides the same:
+  rank's replayed loss and whether its gradients are finite (a step held for a loss jump faults again when
+  some rank's replayed loss is still above the limit it was held at: monitor/jump.py). When some rank's
+  loss is non-finite again, the ranks whose own loss is run a per-sample forward (no grad) to find the
+  samples that produce it, and a second exchange shares them (both on the fault path only). Under ZeRO-3 a
+  forward all-gathers parameters, so there every rank runs the same number of scan forwards
+  (`Ops.symmetric_scan`). Every rank reads the same lists and decides the same:
   * nothing faults again: **transient**; the replay's gradients are committed. The RNG streams are where
     the first attempt left them (the replay drew the same numbers from the same state), so on CPU the run
     is bit-equal to one in which the fault never happened.
   * it faults again and some rank named some but not all of its samples: **sample**; they are quarantined
     (monitor/quarantine.py), every rank recomputes its loss from its handout RNG state on the samples kept
     and runs backward, and the step is committed.
+  * a held jump that jumps again, every loss and gradient finite: the batch gives that loss with these
+    weights; **held** (the batch dropped; no per-sample scan: one healthy sample's loss may well sit above a
+    limit set on the losses of whole batches, so it would name healthy samples).
   * it faults again and no sample is named (the gradients, not the loss, are non-finite) or every sample
     of a rank's batch fails: the state is bad, not the data: **held**, as tier 1 (non-finite weights are rolled back
     before any replay when snapshots are on: monitor/snapshots.py).
@@ -37,7 +41,7 @@ from typing import Any
 import torch
 
 from lossguard.monitor import dist, quarantine, tensors
-from lossguard.monitor.recover import Hold
+from lossguard.monitor.recover import Hold, describe
 from lossguard.monitor.sinks import say
 
 ACTIONS = {
@@ -48,6 +52,7 @@ ACTIONS = {
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
     "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
             "gradients do): the state is bad, not the data; the step held",
+    "jump": "held: replayed, the loss jumped far above the run's spread again; the batch dropped, the step held",
 }
 
 
@@ -129,7 +134,7 @@ class Replayer:
             self.ops.drop()
             return False
         after = capture_rng()
-        rows = dist.gather_objects(self._replay(batch, forward, rng))  # SYNC POINT: fault path only
+        rows = dist.gather_objects(self._replay(hold, batch, forward, rng))  # SYNC POINT: fault path only
         again = [r for r, row in enumerate(rows) if not (row["loss_ok"] and row["grads_ok"])]
         replay = {"losses": {r: row["loss"] for r, row in enumerate(rows)}, "faulted_again": again}
         errors = {r: row["error"] for r, row in enumerate(rows) if row["error"]}
@@ -139,7 +144,9 @@ class Replayer:
             self._record(hold, "transient", [], origin(hold), replay)
             return True
         named, whole, failed = [], False, any(row["error"] for row in rows)
-        scanners = [r for r, row in enumerate(rows) if not row["loss_ok"] and row["size"]]
+        # the scan names non-finite samples only (a jump's loss is finite: one healthy sample may sit above a
+        # limit set on whole batches)
+        scanners = [r for r, row in enumerate(rows) if not math.isfinite(row["loss"]) and row["size"]]
         if scanners and not failed:  # the ranks whose own loss faults again name their samples
             count = max(rows[r]["size"] for r in scanners) if self.ops.symmetric_scan else None
             found = dist.gather_objects(self._scan(hold, batch, forward, rank in scanners, count))  # SYNC POINT
@@ -147,7 +154,9 @@ class Replayer:
             whole = any(part["bad"] and len(part["bad"]) == rows[r]["size"] for r, part in enumerate(found))
             failed = any(part["error"] for part in found)
         if not named or whole or failed:
-            self._record(hold, "held", named, origin(hold), replay)
+            jumped = not named and not failed and all(math.isfinite(row["loss"]) and row["grads_ok"] for row in rows)
+            self._record(hold, "jump" if jumped and hold.jump_limit is not None else "held", named, origin(hold),
+                         replay)
             self.ops.drop()
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
@@ -156,7 +165,7 @@ class Replayer:
         self._record(hold, "sample", named, sorted({e["rank"] for e in named}), replay)
         return True
 
-    def _replay(self, batch: Any, forward: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
+    def _replay(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
         """This rank's replay. An error here is carried to the other ranks in the row, never raised: they
         wait for this rank in the exchange."""
         row = {"loss": float("nan"), "loss_ok": False, "grads_ok": False, "size": 0, "error": None}
@@ -167,7 +176,9 @@ class Replayer:
             loss = forward(batch)
             self.ops.backward(loss)
             row["loss"] = float(loss.detach())  # SYNC POINT: fault path only
-            row["loss_ok"] = math.isfinite(row["loss"])
+            # a held jump faults again when the replayed loss is still above the limit it was held at
+            limit = hold.jump_limit
+            row["loss_ok"] = math.isfinite(row["loss"]) and (limit is None or row["loss"] <= limit)
             row["grads_ok"] = self.ops.grads_ok()
             row["size"] = quarantine.num_samples(batch)
         except Exception as exc:
@@ -204,9 +215,10 @@ class Replayer:
         self.ops.backward(forward(quarantine.select(batch, kept) if bad else batch))
 
     def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict) -> None:
-        kind = "sample" if how == "masked" else how
+        kind = {"masked": "sample", "jump": "held"}.get(how, how)
         event = {**self.monitor.gate.event(hold), "kind": kind, "ranks": ranks,
-                 "samples": named, "steps_lost": 1 if how in ("held", "masked") else 0, "action": ACTIONS[how]}
+                 "samples": named, "steps_lost": 1 if how in ("held", "masked", "jump") else 0,
+                 "action": ACTIONS[how]}
         if replay:
             event["replay"] = replay
         if self.monitor.jsonl is not None:
@@ -225,12 +237,13 @@ def origin(hold: Hold) -> list[int]:
 
 
 def console_line(hold: Hold, how: str, named: list[dict], options: Any) -> str:
-    what = "; ".join(f"{f['fault']} on rank(s) {', '.join(map(str, f['ranks']))}" for f in hold.faults)
+    what = describe(hold.faults)
     who = ", ".join(f"rank {e['rank']} position {e['position']} hash {e['hash']}"
                     + (f" index {e['index']}" if e["index"] is not None else "") for e in named)
     told = {"transient": "transient (the replay did not fault): the replay committed",
             "sample": f"reproducible: quarantined {who}; the rest of the batch committed",
             "masked": f"no supervised token: quarantined {who} without a replay; the step held",
-            "held": "reproducible and no sample accounts for it (bad state, not data): the step held"}[how]
+            "held": "reproducible and no sample accounts for it (bad state, not data): the step held",
+            "jump": "reproducible: the loss jumped again on replay; the batch dropped, the step held"}[how]
     return (f"lossguard: recovered at step {hold.step}: {what} ({hold.code}, {hold.signature}); {told}; "
             f"{hold.used} of {options.budget} recoveries within {options.window} steps used")

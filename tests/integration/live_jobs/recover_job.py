@@ -3,8 +3,9 @@
     torchrun --nproc_per_node 2 recover_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
 Scenarios: `nan_once` (rank 1's loss is NaN at step NAN_STEP, recover=True), `over_budget` (rank 1's loss is
-NaN at steps 3, 4, 5 with a budget of 2 in 10), `healthy` (recover=True, no fault), `plain` (the same
-healthy run without lossguard). Every rank writes OUT_DIR/SCENARIO/rank{r}.json (its losses, what commit
+NaN at steps 3, 4, 5 with a budget of 2 in 10), `jump` (JUMP_STEPS steps, rank 1's loss x JUMP_FACTOR at
+JUMP_STEP, past the gate's warm-up), `healthy` (recover=True, no fault), `plain` (the same healthy run
+without lossguard). Every rank writes OUT_DIR/SCENARIO/rank{r}.json (its losses, what commit
 returned, whether the held gradients were dropped, the halt, the collectives it made) and, in `nan_once`,
 its weights, optimizer and scheduler state right before and right after the held step (before.pt,
 after.pt); rank 0 also writes summary.json (its findings).
@@ -23,7 +24,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 
 STEPS, NAN_STEP, VOCAB, SEQ = 12, 4, 16, 8
-POISON = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "healthy": set(), "plain": set()}
+# the jump must come after the gate's warm-up (monitor/jump.py WARMUP, 20 committed steps)
+JUMP_STEPS, JUMP_STEP, JUMP_FACTOR = 30, 26, 50.0
+POISON = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "jump": {JUMP_STEP}, "healthy": set(), "plain": set()}
 
 
 class Net(torch.nn.Module):
@@ -70,11 +73,11 @@ def run(out_dir: str, name: str) -> None:
         model, optimizer, events_dir=os.path.join(work, "events"), recover=recover, fingerprint_every=4)
     out: dict = {"losses": [], "commits": [], "grads_dropped": [], "halted_at": None}
     try:
-        for step in range(1, STEPS + 1):
+        for step in range(1, (JUMP_STEPS if name == "jump" else STEPS) + 1):
             batch = batch_at(step, rank)
             loss = model(batch["ids"], batch["labels"])
             if step in POISON[name] and rank == 1:
-                loss = loss * float("nan")
+                loss = loss * (JUMP_FACTOR if name == "jump" else float("nan"))
             loss.backward()
             out["losses"].append(loss.item())
             if step == NAN_STEP and name == "nan_once":

@@ -1,0 +1,59 @@
+"""A held loss jump, replayed (`commit(forward=...)`, one process): a jump that does not come back is
+transient and its replay committed; one that comes back with the same batch and weights keeps the step held."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lossguard  # noqa: E402
+from lossguard.monitor.jump import WARMUP  # noqa: E402
+
+JUMP_STEP = WARMUP + 5
+
+
+def _train(tmp_path, scale_first_attempt: float, scale_batch: float) -> tuple[list[bool], list[dict]]:
+    """JUMP_STEP's loss is scaled on its first attempt only (`scale_first_attempt`: the replay is clean), or
+    by its batch (`scale_batch`: the replay gives it again)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = lossguard.Guard(model, optimizer, events_dir=tmp_path, recover=True, console=False)
+    commits = []
+    for step, batch in enumerate(guard.batches([{"x": torch.randn(8, 4), "scale": torch.ones(8)}
+                                                for _ in range(JUMP_STEP + 3)]), 1):
+        if step == JUMP_STEP:
+            batch["scale"] = torch.full((8,), scale_batch)
+
+        def forward(b):
+            return (model(b["x"]).squeeze(-1) ** 2 * b["scale"]).mean() + 1.0
+
+        loss = forward(batch) * (scale_first_attempt if step == JUMP_STEP else 1.0)
+        loss.backward()
+        ok = guard.commit(loss=loss, batch=batch, forward=forward)
+        commits.append(ok)
+        if ok:
+            optimizer.step()
+        optimizer.zero_grad()
+    guard.close()
+    lines = [json.loads(line) for line in (tmp_path / "events-rank0.jsonl").read_text().splitlines()]
+    return commits, [line for line in lines if line["type"] == "recovery"]
+
+
+def test_a_jump_that_does_not_come_back_is_transient(tmp_path):
+    commits, recoveries = _train(tmp_path, scale_first_attempt=50.0, scale_batch=1.0)
+    assert all(commits)  # the replay's gradients were committed
+    assert [(r["step"], r["kind"], r["signature"], r["steps_lost"]) for r in recoveries] == [
+        (JUMP_STEP, "transient", "loss-spike", 0)]
+
+
+def test_a_jump_that_comes_back_on_replay_stays_held(tmp_path):
+    commits, recoveries = _train(tmp_path, scale_first_attempt=1.0, scale_batch=500.0)
+    assert commits == [step != JUMP_STEP for step in range(1, JUMP_STEP + 4)]
+    assert [(r["step"], r["kind"], r["signature"], r["steps_lost"]) for r in recoveries] == [
+        (JUMP_STEP, "held", "loss-spike", 1)]
+    assert recoveries[0]["action"].startswith("held: replayed, the loss jumped")
+    assert recoveries[0]["replay"]["faulted_again"] == [0]
