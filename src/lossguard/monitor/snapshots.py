@@ -10,6 +10,12 @@ rank snapshots at the same step, with no collective. Cost on the host, per rank:
 and of the optimizer state, about 12 bytes per parameter for fp32 Adam (4 weights + 8 moments), times
 `keep`.
 
+The host buffers of a ring slot are allocated once and copied into (`fill`): a new snapshot reuses the
+oldest slot's tensors where the layout is unchanged, so the normal path allocates nothing (allocating and
+faulting in a fresh copy every S steps cost more than the copy). CUDA tensors go to pinned buffers with
+`non_blocking` copies on a side stream; the snapshot's CUDA event marks it complete, and the host waits
+for it only on the fault path (`local_report`, `restore`), never on the normal one.
+
 When the gate holds a step and snapshots are on, every rank checks its own weights and its snapshots for
 non-finite values and the ranks exchange that once (`gather_objects`, on the fault path only, entered by
 every rank because the hold is decided from the gathered rows). Every rank reads the same list: when some
@@ -21,7 +27,7 @@ skipped, not replayed: the data position moves on). No such snapshot: halt.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +43,70 @@ def host_copy(value: Any) -> Any:
         return {k: host_copy(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(host_copy(v) for v in value)
+    return value
+
+
+class _Copier:
+    """Copies tensors into host buffers for one `take`. CUDA tensors (of the first CUDA device met) are copied
+    with `non_blocking` on `stream`, a side stream, so the host goes on while the copy runs; others copy
+    synchronously (`copy_`)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream  # the ring's side stream, None until a CUDA tensor is met
+        self.queued = False
+
+    def buffer(self, tensor: torch.Tensor) -> torch.Tensor:
+        # pinned for CUDA sources: a non_blocking copy into pageable memory would be synchronous
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=tensor.is_cuda)
+
+    def copy(self, buffer: torch.Tensor, tensor: torch.Tensor) -> None:
+        if not tensor.is_cuda:
+            buffer.copy_(tensor)
+            return
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(tensor.device)
+        if tensor.device != self.stream.device:  # a second CUDA device: rare, copied synchronously
+            buffer.copy_(tensor)
+            return
+        if not self.queued:  # the side stream reads the state only after the work that produced it
+            self.stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            self.queued = True
+        with torch.cuda.stream(self.stream):
+            buffer.copy_(tensor, non_blocking=True)
+
+    def finish(self) -> Any:
+        """The event that marks the queued copies done (None: nothing queued). The compute stream waits for
+        it on the device (no host sync): the step after the snapshot updates the copied tensors in place."""
+        if not self.queued:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        torch.cuda.current_stream(self.stream.device).wait_event(event)
+        return event
+
+
+def _fits(buffer: Any, tensor: torch.Tensor) -> bool:
+    return isinstance(buffer, torch.Tensor) and buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
+
+
+def fill(old: Any, value: Any, copier: _Copier) -> Any:
+    """A host copy of the (nested) state `value`, like `host_copy`, written into the tensors of `old` (the
+    same slot's previous copy) wherever one sits at the same key with the same shape and dtype; fresh
+    buffers elsewhere (the first snapshot, or a changed layout: Adam allocates its moments at its first
+    step). Non-tensors are carried as `host_copy` carries them."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.layout != torch.strided:  # sparse and the like: no buffer to reuse, copied as before
+            return value.to("cpu", copy=True)
+        buffer = old if _fits(old, value) else copier.buffer(value)
+        copier.copy(buffer, value)
+        return buffer
+    if isinstance(value, dict):
+        old = old if isinstance(old, dict) else {}
+        return {k: fill(old.get(k), v, copier) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        olds = old if isinstance(old, (list, tuple)) and len(old) == len(value) else [None] * len(value)
+        return type(value)(fill(o, v, copier) for o, v in zip(olds, value))
     return value
 
 
@@ -63,25 +133,46 @@ class Snapshot:
     optimizer: dict[str, Any] | None
     scheduler: dict[str, Any] | None
     rng: dict[str, Any]
+    event: Any = field(default=None, repr=False)  # CUDA: fires once its copies are done; None: no copy queued
 
     @property
     def size(self) -> int:
         return nbytes(self.model) + nbytes(self.optimizer)
+
+    @property
+    def complete(self) -> bool:
+        """Its copies are done (no wait): a CUDA snapshot's buffers are still being written until then."""
+        return self.event is None or bool(self.event.query())
+
+    def wait(self) -> None:
+        """Until its copies are done (SYNC POINT on CUDA: called on the fault path only)."""
+        if self.event is not None:
+            self.event.synchronize()
 
 
 class Ring:
     def __init__(self, every: int, keep: int) -> None:
         self.every = every
         self.ring: deque[Snapshot] = deque(maxlen=keep)
+        self.stream: Any = None  # the side stream of CUDA copies, made at the first CUDA tensor
 
     def due(self, step: int) -> bool:
         return (step - 1) % self.every == 0
 
     def take(self, step: int, batches: int, model: Any, optimizer: Any, scheduler: Any) -> Snapshot:
-        snap = Snapshot(step, batches, host_copy(model.state_dict()),
-                        host_copy(optimizer.state_dict()) if optimizer is not None else None,
-                        host_copy(scheduler.state_dict()) if scheduler is not None else None,
-                        replay.capture_rng())
+        """A snapshot into the oldest slot's buffers once the ring is full. The slot leaves the ring before
+        it is overwritten: when the copy fails half way, the ring holds one snapshot less, never a torn one."""
+        old = self.ring.popleft() if len(self.ring) == self.ring.maxlen else None
+        copier = _Copier(self.stream)
+        try:
+            state = (fill(old.model if old else None, model.state_dict(), copier),
+                     fill(old.optimizer if old else None, optimizer.state_dict(), copier)
+                     if optimizer is not None else None,
+                     host_copy(scheduler.state_dict()) if scheduler is not None else None)
+        finally:  # whatever was queued, the compute stream must not update its sources before it is read
+            event = copier.finish()
+            self.stream = copier.stream
+        snap = Snapshot(step, batches, *state, replay.capture_rng(), event)
         self.ring.append(snap)
         return snap
 
@@ -89,7 +180,9 @@ class Ring:
     def restore(snap: Snapshot, model: Any, optimizer: Any, scheduler: Any) -> None:
         """In place (the parameters keep their identity: the optimizer and DDP hold them). The optimizer gets
         a fresh copy: on the same device `load_state_dict` keeps the tensors given, and Adam updates them in
-        place, which would change the snapshot under the ring."""
+        place, which would change the snapshot under the ring (whose buffers the next snapshot into this
+        slot overwrites, too)."""
+        snap.wait()
         model.load_state_dict(snap.model)
         if optimizer is not None and snap.optimizer is not None:
             optimizer.load_state_dict(host_copy(snap.optimizer))
@@ -105,6 +198,8 @@ class Ring:
         try:
             report["weights_ok"] = all(bool(torch.isfinite(p).all()) for p in model.parameters()
                                        if p.is_floating_point())  # SYNC POINT: fault path only
+            for snap in self.ring:
+                snap.wait()  # SYNC POINT on CUDA, fault path only: its buffers are read next
             report["good"] = [s.step for s in self.ring if _finite(s.model)]
         except Exception as exc:  # carried to the other ranks, never raised: they wait in the exchange
             report["error"] = f"{type(exc).__name__}: {exc}"
