@@ -1,6 +1,6 @@
 """Step-time overhead of the live guard on a two-rank ZeRO-2 Trainer run (CPU, gloo).
 
-    python bench/overhead.py [--steps 14] [--rounds 2]
+    python bench/overhead.py [--steps 14] [--rounds 2] [--arms base,default,recover]
 
 Arms, interleaved round after round in one two-rank job (same model, data, seed):
   base      no callback
@@ -231,7 +231,7 @@ def main() -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     subprocess.run([torchrun, "--nproc_per_node", "2", __file__, "--worker", out, "--steps", str(opts.steps),
-                    "--rounds", str(opts.rounds), *(["--recovery"] if opts.recovery else [])],
+                    "--rounds", str(opts.rounds), "--arms", opts.arms, *(["--recovery"] if opts.recovery else [])],
                    env=env, check=True, stdout=subprocess.DEVNULL)
     if opts.recovery:
         report_recovery(out)
@@ -240,11 +240,11 @@ def main() -> None:
         data = json.load(fh)
     per_round = data["median_step_s"]
     print(f"model: {data['num_params'] / 1e6:.1f}M parameters, two ranks, ZeRO-2, CPU")
-    for arm in ARMS:
+    for arm in [a for a in ARMS if a in per_round]:
         ratios = [t / b for t, b in zip(per_round[arm], per_round["base"])]
         print(f"{arm:8s} median step {statistics.median(per_round[arm]) * 1e3:8.1f} ms   "
               f"ratio to base {statistics.median(ratios):.3f}  (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
-    if "recover" in per_round:
+    if "recover" in per_round and "default" in per_round:
         gate = [t / d for t, d in zip(per_round["recover"], per_round["default"])]
         print(f"recover / default (the commit gate under DeepSpeed): {statistics.median(gate):.3f}x  (rounds: "
               f"{', '.join(f'{r:.3f}' for r in gate)}; target <= 1.01x)")

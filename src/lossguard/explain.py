@@ -90,7 +90,8 @@ gradient (LOSS001), a micro-batch with every label masked (LABEL001), or a loss 
 spread (LOSS006, `loss-spike`: over ten robust spreads, 3x the typical loss and half a nat above it,
 after 20 committed steps); under DeepSpeed the engine's step took its own overflow path, so weights,
 optimizer shards, scheduler and loss scale stayed as they were); `transient` (the held batch, replayed with the RNG state it first ran
-with, did not fault again: the replay was applied); `sample` (the replay faulted again; a forward per sample
+with, did not fault again: the replay was applied; a rank where that happens twice within the window is
+named a suspect device in the action: check that GPU's health); `sample` (the replay faulted again; a forward per sample
 named the samples whose loss is non-finite: they were quarantined, listed by token-id hash and dataset index,
 and the rest of the batch was applied); `rollback` (weights turned non-finite after an applied step: every
 rank restored the newest host snapshot finite on every rank, `RecoverOptions(snapshot_every=S)`, and skipped

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 NAN_STEP = 4
 HELD = ["z1-nan_once", "z2-nan_once-bf16", "z3-nan_once", "z2-masked"]
-REPLAYED = ["z2-transient", "z3-transient", "z2-poison", "z2-resume", "z3-poison", "z3-resume"]
+REPLAYED = ["z2-transient", "z3-transient", "z2-poison", "z2-resume", "z3-poison", "z3-resume", "z2-flaky"]
 SCENARIOS = [*HELD, *REPLAYED, "z3-over_budget", "z2-healthy", "z2-plain", "z3-plain", "z3-healthy-bf16",
              "z3-plain-bf16"]
 
@@ -156,3 +156,13 @@ def test_a_healthy_run_with_recover_trains_exactly_as_without_lossguard(job, sta
         assert not any(ranks[guarded][r]["held"])
     report = _analyze_json(out / guarded / "events")
     assert report["recoveries"] == [] and report["verdict"] == "healthy"
+
+
+def test_a_rank_whose_faults_keep_vanishing_on_replay_is_named_a_suspect_device(job):
+    out, ranks = job
+    recoveries = _analyze_json(out / "z2-flaky" / "events")["recoveries"]
+    assert [(r["step"], r["ranks"], r["kind"]) for r in recoveries] == [(3, [1], "transient"), (6, [1], "transient")]
+    assert "suspect device" not in recoveries[0]["action"]
+    assert "rank(s) 1 (2 times) faulted transiently" in recoveries[1]["action"]
+    assert "suspect device" in recoveries[1]["action"]
+    assert all(math.isfinite(x) for i, x in enumerate(ranks["z2-flaky"][1]["losses"]) if i + 1 not in (3, 6))

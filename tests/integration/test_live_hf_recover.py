@@ -1,7 +1,9 @@
 """The commit gate inside `transformers.Trainer` (`LossguardCallback(recover=...)`): two real ranks over gloo,
 under DeepSpeed ZeRO-1/2/3 and without DeepSpeed (DDP). A held step leaves each rank's state as it was (the
-Trainer's LR scheduler included), the budget falls back to the Trainer saving a checkpoint and stopping, a
-healthy run trains and logs exactly as without lossguard, and nothing hangs."""
+Trainer's LR scheduler included); under DeepSpeed a transient fault is replayed through the Trainer's own
+training_step and the run ends bit-equal to a clean one, and a poisoned sample is quarantined and left out
+of every later epoch; the budget falls back to the Trainer saving a checkpoint and stopping; a healthy run
+trains and logs exactly as without lossguard; nothing hangs."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 NAN_STEP = 4
 HELD = ["z1-nan_once", "z2-nan_once", "z3-nan_once", "ddp-nan_once"]
-SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain", "ddp-healthy", "ddp-plain"]
+SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain", "ddp-healthy", "ddp-plain",
+             "z2-transient", "z2-plain", "z3-transient", "z2-poison"]
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +73,27 @@ def test_a_healthy_run_with_recover_trains_and_logs_exactly_as_without_lossguard
     assert summaries[guarded]["logged"] == summaries[plain]["logged"] and len(summaries[plain]["logged"]) == 8
     report = _analyze_json(out / guarded / "events")
     assert report["recoveries"] == [] and report["verdict"] == "healthy"
+
+
+@pytest.mark.parametrize("stage", ["z2", "z3"])
+def test_a_transient_fault_is_replayed_through_the_trainer_and_ends_bit_equal_to_a_clean_run(job, stage):
+    out, ranks, summaries = job
+    name, plain = f"{stage}-transient", f"{stage}-plain"
+    for r in (0, 1):
+        losses, clean = ranks[name][r]["losses"], ranks[plain][r]["losses"]
+        assert losses[:NAN_STEP - 1] == clean[:NAN_STEP - 1] and losses[NAN_STEP:] == clean[NAN_STEP:]
+        final = torch.load(out / name / f"final-rank{r}.pt", weights_only=False)
+        assert _same(final, torch.load(out / plain / f"final-rank{r}.pt", weights_only=False)) > 10
+    recoveries = _analyze_json(out / name / "events")["recoveries"]
+    assert [(r["step"], r["ranks"], r["kind"]) for r in recoveries] == [(NAN_STEP, [1], "transient")]
+
+
+def test_a_poisoned_sample_is_quarantined_and_left_out_of_every_later_epoch(job):
+    out, ranks, summaries = job
+    recoveries = _analyze_json(out / "z2-poison" / "events")["recoveries"]
+    assert [r["kind"] for r in recoveries] == ["sample"] and len(recoveries[0]["samples"]) == 1
+    # the sample reached the model in one step of three epochs: never again once it was named
+    assert sum(rank["seen_poison"] for rank in ranks["z2-poison"]) == 3  # attempt, replay, its own scan forward
+    assert all(rank["global_step"] == 12 and rank["halted_at"] is None for rank in ranks["z2-poison"])
+    assert all(x == x for rank in ranks["z2-poison"] for i, x in enumerate(rank["losses"])
+               if i + 1 != recoveries[0]["step"])

@@ -143,3 +143,11 @@ def test_a_non_finite_fault_comes_before_a_jump():
     hold = gate.judge(26, [_row(loss=math.nan), _row(loss=90.0)], None)
     assert [f["fault"] for f in hold.faults] == ["non-finite loss", JUMP]
     assert hold.signature == "nonfinite" and hold.ranks == [0]
+
+
+def test_a_rank_whose_faults_keep_vanishing_on_replay_becomes_a_suspect_device():
+    gate = Gate(RecoverOptions(budget=5, window=10))
+    assert gate.suspects(3, [1]) == {}  # once: a one-off
+    assert gate.suspects(5, [0]) == {}  # another rank once: nothing points at either device
+    assert gate.suspects(8, [1]) == {1: 2}  # rank 1 again within the window
+    assert gate.suspects(30, [1]) == {}  # outside the window: counted afresh

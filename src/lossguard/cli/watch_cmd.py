@@ -27,8 +27,9 @@ from lossguard.cli.options import warn_stale_build_locks
                    "transformers.Trainer are hooked at import (per-rank events in DIR/events with --report).")
 @click.option("--recover", is_flag=True,
               help="With --attach: the attached guard recovers in place (recover=True): a step whose loss is "
-                   "non-finite on any rank, or whose labels are all masked, is held on every rank (replayed "
-                   "where it can be) instead of applied; each recovery is in DIR/events and `analyze`.")
+                   "non-finite on any rank, whose labels are all masked, or whose loss jumps far above the "
+                   "run's spread is held on every rank (replayed where it can be) instead of applied; each "
+                   "recovery is in DIR/events and `analyze`.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing of our own unless something is found.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def watch(halt_on: str | None, grace_s: float, report_dir: str | None, log_path: str | None, buffered: bool,

@@ -44,6 +44,9 @@ _FAULTS = (("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-label
 _BY_SLOT = _FAULTS[:3]  # read value by value; the jump against the gate's history (monitor/jump.py)
 _BITS = {wire.RAW_LOSS: wire.HAS_LOSS, wire.GRAD_NORM: wire.HAS_GRAD_NORM, wire.MIN_LABELS: wire.HAS_LABELS}
 ACTION = "held: optimizer.step() skipped on every rank, the held gradients dropped, the batch not replayed"
+# Transient faults on one rank within the window that make it a suspect device: one can be a cosmic ray or a
+# one-off; two on the same rank, each clean on replay, is a pattern worth a look at that GPU.
+SUSPECT_AFTER = 2
 
 
 @dataclass
@@ -87,6 +90,20 @@ class Gate:
     num_held: int = 0
     replay: bool = False  # set by `Guard.commit` when it will replay a held step (monitor/replay.py)
     losses: LossHistory = field(default_factory=LossHistory)  # committed steps only: a held one is no spread
+    transients: dict = field(default_factory=dict)  # rank -> steps whose fault there did not come back on replay
+
+    def suspects(self, step: int, ranks: list[int]) -> dict[int, int]:
+        """Note a `transient` fault on `ranks`; {rank: transient faults within the window} for the ranks with
+        SUSPECT_AFTER or more. A fault that does not come back when the same batch is replayed with the same
+        RNG state is not the data's and not the run's; the same rank doing that again, while the others stay
+        clean, points at that rank's device (silent data corruption, a failing GPU or its memory)."""
+        out = {}
+        for rank in ranks:
+            steps = [s for s in self.transients.get(rank, []) if step - s < self.options.window] + [step]
+            self.transients[rank] = steps
+            if len(steps) >= SUSPECT_AFTER:
+                out[rank] = len(steps)
+        return out
 
     def judge(self, step: int, rows: list[list[float]] | None, seen: summary.Summary | None) -> Hold | None:
         """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank, and

@@ -84,6 +84,7 @@ class Ops:
     # True: every rank runs the same number of forwards in the per-sample scan (ZeRO-3 all-gathers the
     # parameters in each forward: a rank that scanned alone would wait there for the others)
     symmetric_scan = False
+    scan: Any = None  # the per-sample scan's forward, where it differs from the replay's (the Trainer's)
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -141,7 +142,8 @@ class Replayer:
         if errors:  # the replay itself failed there: said, so a `held` is not read as the data's fault
             replay["errors"] = errors
         if not again:
-            self._record(hold, "transient", [], origin(hold), replay)
+            self._record(hold, "transient", [], origin(hold), replay,
+                         self.monitor.gate.suspects(hold.step, origin(hold)))
             return True
         named, whole, failed = [], False, any(row["error"] for row in rows)
         # the scan names non-finite samples only (a jump's loss is finite: one healthy sample may sit above a
@@ -196,7 +198,7 @@ class Replayer:
             bad = []
             with self.ops.scanning(), torch.no_grad():
                 for p in range(total):
-                    loss = forward(quarantine.select(batch, [p if p < size else 0]))
+                    loss = (self.ops.scan or forward)(quarantine.select(batch, [p if p < size else 0]))
                     if mine and p < size and not math.isfinite(float(loss)):
                         bad.append(p)
             part["bad"] = quarantine.identities(batch, bad, step=hold.step, rank=self.monitor.rank,
@@ -214,17 +216,24 @@ class Replayer:
         kept = [p for p in range(quarantine.num_samples(batch)) if p not in set(bad)]
         self.ops.backward(forward(quarantine.select(batch, kept) if bad else batch))
 
-    def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict) -> None:
+    def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict,
+                suspects: dict[int, int] | None = None) -> None:
         kind = {"masked": "sample", "jump": "held"}.get(how, how)
+        window = self.monitor.gate.options.window
+        suspect = (f"; rank(s) {', '.join(f'{r} ({n} times)' for r, n in suspects.items())} faulted transiently "
+                   f"within {window} steps, each time clean when replayed: a suspect device (check that GPU's "
+                   "health, e.g. its ECC error counts, or move the job off it)") if suspects else ""
         event = {**self.monitor.gate.event(hold), "kind": kind, "ranks": ranks,
                  "samples": named, "steps_lost": 1 if how in ("held", "masked", "jump") else 0,
-                 "action": ACTIONS[how]}
+                 "action": ACTIONS[how] + suspect}
+        if suspects:
+            event["suspects"] = sorted(suspects)
         if replay:
             event["replay"] = replay
         if self.monitor.jsonl is not None:
             self.monitor.jsonl.write(event)
         if self.monitor.rank == 0 and self.monitor.options.console:
-            say(console_line(hold, how, named, self.monitor.gate.options))
+            say(console_line(hold, how, named, self.monitor.gate.options) + suspect)
 
 
 def origin(hold: Hold) -> list[int]:

@@ -8,6 +8,7 @@ Scenario names: zSTAGE-CASE[-bf16], CASE one of
   over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2 (replay off): halts at 5 with a
                checkpoint;
   transient    rank 1's loss is NaN on the first attempt of step NAN_STEP (recover=True): the replay is clean;
+  flaky        the same at steps 3 and 6: rank 1 is named a suspect device at 6;
   poison       the embedding row of token POISON (untied head) is 1e38 and rank 1's sample 2 at step NAN_STEP
                carries that token (recover=True): that sample is quarantined, the rest committed;
   resume       `poison` again, a new engine and guard on its events dir: the sample never reaches the model;
@@ -33,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 
 STEPS, NAN_STEP, POISON = 8, 4, tiny.VOCAB
-NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}}
+NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}, "flaky": {3, 6}}
 
 
 def model_for(case: str):

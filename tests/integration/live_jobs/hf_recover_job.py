@@ -3,8 +3,13 @@
     torchrun --nproc_per_node 2 hf_recover_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
 Scenario names: STACK-CASE, STACK one of ddp (no DeepSpeed), z1, z2, z3 (DeepSpeed ZeRO stage); CASE one of
-  nan_once     rank 1's loss is NaN at step NAN_STEP (recover=True): the step is held on both ranks;
-  over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2: the Trainer saves and stops at 5;
+  nan_once     rank 1's loss is NaN at step NAN_STEP (replay off): the step is held on both ranks;
+  over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2 (replay off): the Trainer saves and
+               stops at 5;
+  transient    rank 1's loss is NaN on the first attempt of step NAN_STEP (recover=True, DeepSpeed): the replay
+               through the Trainer's own training_step is clean;
+  poison       (DeepSpeed) 32 samples, 12 steps (three epochs); sample POISON_INDEX carries token POISON, whose
+               embedding row is 1e38: named and quarantined the first time, left out of every later epoch;
   healthy      recover=True, no fault;
   plain        the same healthy run without lossguard.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (the losses its model computed, the Trainer's final step) and,
@@ -22,10 +27,19 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
-from ds_recover_job import shard_state  # noqa: E402
+from ds_recover_job import POISON, model_for, shard_state  # noqa: E402
 
-NAN_STEP, STEPS = 4, 8
-POISON = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "healthy": set(), "plain": set()}
+NAN_STEP, POISON_INDEX = 4, 13
+NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}}
+
+
+class Data(tiny.Tokens):
+    """`tiny.Tokens`; in `poison`, 32 samples and sample POISON_INDEX carries the extra token."""
+
+    def __init__(self, case: str) -> None:
+        super().__init__(n=32 if case == "poison" else 256)
+        if case == "poison":
+            self.ids[POISON_INDEX, 5] = POISON
 
 
 def trainer_state(trainer) -> dict:
@@ -47,21 +61,29 @@ def run(out_dir: str, name: str) -> None:
     rank = tiny.rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
-    model = tiny.tiny_gpt2()
-    losses: list[float] = []
-    now = {"step": 0}
+    model = model_for(case)
+    losses: dict[int, float] = {}  # each step's first attempt
+    now = {"step": 0, "fired": 0, "seen": 0}
 
     def poison(module, args, kwargs, output):  # registered first: the callback's hook sees the poisoned loss
         if module.training:
-            if rank == 1 and now["step"] + 1 in POISON[case]:
+            step = now["step"] + 1
+            if rank == 1 and step in NAN_AT.get(case, ()) and now["fired"] != step:
+                now["fired"] = step  # the first attempt only: a replay runs clean
                 output.loss = output.loss * float("nan")
-            losses.append(float(output.loss.detach()))
+            now["seen"] += int((kwargs["input_ids"] == POISON).any())
+            losses.setdefault(step, float(output.loss.detach()))
         return output
 
     model.register_forward_hook(poison, with_kwargs=True)
     trainer_box: dict = {}
 
     class Probe(TrainerCallback):
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            engine = find_deepspeed_engine(model)
+            params = shard_state(engine)["params"] if engine is not None else trainer_state(trainer_box["trainer"])["params"]
+            torch.save(params, os.path.join(work, f"final-rank{rank}.pt"))
+
         def on_step_begin(self, args, state, control, model=None, **kwargs):
             now["step"] = state.global_step
             if case == "nan_once" and state.global_step in (NAN_STEP - 1, NAN_STEP):
@@ -75,7 +97,9 @@ def run(out_dir: str, name: str) -> None:
     callbacks = [Probe()]
     guard = None
     if case != "plain":
-        recover = lossguard.RecoverOptions(budget=2, window=100) if case == "over_budget" else True
+        recover = True
+        if case in ("nan_once", "over_budget"):  # hold only
+            recover = lossguard.RecoverOptions(budget=2 if case == "over_budget" else 3, window=100, replay=False)
         guard = lossguard.LossguardCallback(events_dir=os.path.join(work, "events"), halt_on="error",
                                             recover=recover, fingerprint_every=1)
         callbacks.append(guard)
@@ -83,15 +107,16 @@ def run(out_dir: str, name: str) -> None:
     if deepspeed is None:  # a DeepSpeed scenario before this one left accelerate's switch on
         os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
     args = TrainingArguments(
-        output_dir=os.path.join(work, "out"), per_device_train_batch_size=4, max_steps=STEPS, learning_rate=1e-3,
+        output_dir=os.path.join(work, "out"), per_device_train_batch_size=4, max_steps=12 if case == "poison" else 8,
+        learning_rate=1e-3,
         logging_steps=1, save_strategy="no", report_to=[], seed=0, deepspeed=deepspeed, use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=1.0)
-    trainer = Trainer(model=model, args=args, train_dataset=tiny.Tokens(), callbacks=callbacks)
+    trainer = Trainer(model=model, args=args, train_dataset=Data(case), callbacks=callbacks)
     trainer_box["trainer"] = trainer
     trainer.train()
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
-        json.dump({"losses": losses, "global_step": trainer.state.global_step,
-                   "halted_at": guard.monitor.halted_at if guard else None}, fh)
+        json.dump({"losses": [losses[s] for s in sorted(losses)], "global_step": trainer.state.global_step,
+                   "halted_at": guard.monitor.halted_at if guard else None, "seen_poison": now["seen"]}, fh)
     if rank == 0:
         logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         findings = [f.to_dict() for f in guard.monitor._emitted] if guard else []

@@ -82,13 +82,12 @@ class EngineGate:
     the guard reports it as a skipped step with the next exchange."""
 
     def __init__(self, engine: Any, monitor: Monitor, step_number: Callable[[], int],
-                 replay_from: tuple[ds_replay.Capture, Callable[[Any], Any], quarantine.Quarantine] | None = None
-                 ) -> None:
+                 replay_from: ds_replay.Source | None = None) -> None:
         self.engine = engine
         self.monitor = monitor
         self.step_number = step_number  # the number a step ends as, read before it
         self.last_step = 0
-        # (the captured batch, the engine's own backward, the quarantine): replay a held step (ds_replay.py)
+        # the captured batch and how to recompute it: replay a held step (ds_replay.py)
         self.replay_from = replay_from
         monitor.lag = 1  # fingerprints and update ratios are read before the step
         monitor.deferred = True
@@ -96,7 +95,7 @@ class EngineGate:
     def step(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, bool]:
         """(what `engine.step()` returned, None when held; whether the run must halt now)."""
         self.last_step = step = self.step_number()
-        capture = self.replay_from[0] if self.replay_from is not None else None
+        capture = self.replay_from.capture if self.replay_from is not None else None
         replaying = capture is not None and capture.ready() and self.monitor.gate.options.replay \
             and self.engine.gradient_accumulation_steps() == 1
         self.monitor.gate.replay = replaying  # the replay writes the step's record
@@ -126,12 +125,12 @@ class EngineGate:
 
     def _replayed(self, hold: Any, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
         """Replay and classify the held step on every rank (monitor/replay.py); True: commit it."""
-        capture, backward, held = self.replay_from
+        source = self.replay_from
         run = lambda: run_step(*args, **kwargs)  # noqa: E731
-        ops = ds_replay.DeepSpeedOps(self.engine, run, backward)
+        ops = ds_replay.DeepSpeedOps(self.engine, run, source)
         try:
-            ok = replay.Replayer(self.monitor, None, held, ops=ops).classify(
-                hold, capture.batch, ds_replay.forward_of(self.engine, capture), capture.rng)
+            ok = replay.Replayer(self.monitor, None, source.quarantine, ops=ops).classify(
+                hold, source.capture.batch, source.forward, source.capture.rng)
         except Exception as exc:  # past the errors `classify` shares: report, hold the step
             self.monitor._fail(exc, "replay")
             ds_hold.hold(self.engine, run, counted=False)
@@ -152,9 +151,9 @@ class Attachment:
         self.monitor = Monitor(options, module, optimizer=engine.optimizer,
                                facts={**engine_facts(engine), **(facts or {})}, entry=entry)
         self.quarantine = quarantine.Quarantine(options.events_dir)
-        self.capture = ds_replay.Capture() if self.monitor.gate is not None else None
+        self.capture = ds_replay.Capture(self.quarantine) if self.monitor.gate is not None else None
         self.gate = EngineGate(engine, self.monitor, lambda: engine.global_steps + 1,
-                               (self.capture, engine.backward, self.quarantine)) \
+                               ds_replay.raw_source(engine, self.capture, self.quarantine, engine.backward)) \
             if self.monitor.gate is not None else None
         self._labels: list[Any] = []
         self._hook = module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
@@ -168,13 +167,17 @@ class Attachment:
             yield quarantine.without_quarantined(batch, self.quarantine)
 
     def _pre_forward(self, module, args, kwargs):
+        changed = None
         if self.capture is not None:
             if self.capture.off:  # the replay's own forward: the step's labels are already counted
-                return
-            self.capture.record(module, args, kwargs)
+                return None
+            changed = self.capture.record(module, args, kwargs)  # quarantined samples left out
+            if changed is not None:
+                args, kwargs = changed
         labels = tensors.find_labels(args, kwargs)
         if labels is not None:
             self._labels.append(labels)
+        return changed
 
     def _backward(self, loss, *args, **kwargs):
         labels = self._labels.pop() if self._labels else None

@@ -17,29 +17,40 @@ forwards on every rank (`symmetric_scan`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lossguard.monitor import replay, tensors
+from lossguard.monitor import quarantine, replay, tensors
 from lossguard.monitor.adapters import ds_hold
+from lossguard.monitor.quarantine import Quarantine
 
 
 class Capture:
-    """The last training forward's batch and RNG state (one micro-batch per step)."""
+    """The last training forward's batch and RNG state (one micro-batch per step); a forward pre-hook. It
+    also leaves out of each training forward the samples a recovery quarantined (`held`): under the Trainer,
+    whose data loader the guard does not hand out, that is where the quarantine is honoured."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: Quarantine | None = None) -> None:
+        self.held = held
         self.batch: dict[str, Any] | None = None
         self.rng: dict[str, Any] | None = None
         self.forwards = 0  # training forwards since the last step
         self.off = False  # the replay's own forwards are not captured
 
-    def record(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def record(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if self.off or not module.training:
-            return
+            return None
+        changed = None
+        if self.held is not None and not args and kwargs:
+            kept = quarantine.without_quarantined(kwargs, self.held)
+            if kept is not kwargs:
+                kwargs = changed = kept
         self.forwards += 1
         self.batch = dict(kwargs) if not args and kwargs else None
         self.rng = replay.capture_rng()
+        return (args, changed) if changed is not None else None
 
     def ready(self) -> bool:
         return self.forwards == 1 and self.batch is not None
@@ -48,12 +59,55 @@ class Capture:
         self.batch, self.rng, self.forwards = None, None, 0
 
 
+@dataclass
+class Source:
+    """Where a replay under DeepSpeed gets its batch and how it recomputes it."""
+
+    capture: Capture
+    quarantine: Quarantine
+    forward: Callable[[dict[str, Any]], torch.Tensor]  # a batch -> its loss
+    backward: Callable[[torch.Tensor], Any]  # that loss -> the gradients (a no-op where `forward` ran it)
+    scan: Callable[[dict[str, Any]], torch.Tensor]  # one sample -> its loss, under no_grad
+
+
+def raw_source(engine: Any, capture: Capture, held: Quarantine, backward: Callable[[Any], Any]) -> Source:
+    """`attach`: the engine called again as the loop called it; its own `backward`."""
+    forward = forward_of(engine, capture)
+    return Source(capture, held, forward, backward, forward)
+
+
+def trainer_source(trainer: Any, capture: Capture, held: Quarantine, replaying: Callable[[bool], None]) -> Source:
+    """The Trainer under DeepSpeed: the Trainer's own `training_step` on the captured inputs, which repeats
+    every transformation between the model's loss and `backward` (its `num_items_in_batch` scaling, the
+    gradient-accumulation division) and runs the backward itself; `replaying(True)` makes the engine's
+    `step()` that it ends with a no-op (the gate decides the step). The scan calls the model directly."""
+    def forward(batch: dict[str, Any]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
+        capture.off = True
+        replaying(True)
+        try:
+            return trainer.training_step(trainer.model_wrapped, inputs, batch.get("num_items_in_batch"))
+        finally:
+            replaying(False)
+            capture.off = False
+
+    def scan(batch: dict[str, Any]) -> torch.Tensor:
+        capture.off = True
+        try:
+            return tensors.output_loss(trainer.model(**batch))
+        finally:
+            capture.off = False
+
+    return Source(capture, held, forward, lambda loss: None, scan)
+
+
 class DeepSpeedOps(replay.Ops):
-    def __init__(self, engine: Any, run_step: Callable[[], Any], backward: Callable[[Any], Any]) -> None:
+    def __init__(self, engine: Any, run_step: Callable[[], Any], source: Source) -> None:
         super().__init__(engine.module)
         self.engine = engine
         self.run_step = run_step
-        self._backward = backward
+        self._backward = source.backward
+        self.scan = source.scan
         self.symmetric_scan = _zero_stage(engine) == 3
 
     def drop(self) -> None:

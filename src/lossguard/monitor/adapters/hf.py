@@ -61,7 +61,7 @@ class LossguardCallback(TrainerCallback):
             self._shifts_labels = bool(getattr(trainer, "_loss_shifts_labels", False))
             self._accelerator = _wrap_clip_grad_norm(getattr(trainer, "accelerator", None), self)
         if self.monitor.gate is not None:
-            self.gate = hf_gate.start(self, args, state)
+            self.gate = hf_gate.start(self, args, state, trainer)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.engine is None and self._grad_norm is None and self.monitor is not None \
@@ -113,8 +113,8 @@ class LossguardCallback(TrainerCallback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def _forward(self, module, args, kwargs, output):
-        if not module.training or self.monitor is None:
-            return
+        if not module.training or self.monitor is None or getattr(getattr(self.gate, "capture", None), "off", False):
+            return  # (a replay's or its scan's forward: the step was measured on its first attempt)
         num_items = kwargs.get("num_items_in_batch")
         items = tensors.loss_items(kwargs, self._shifts_labels) if num_items is not None else None
         self.monitor.observe_micro(loss=tensors.output_loss(output), labels=tensors.find_labels(args, kwargs),

@@ -3,7 +3,10 @@
 Under DeepSpeed the Trainer's `accelerator.backward` calls `engine.step()` right after `engine.backward()`:
 the engine instance's `step` is wrapped for the run and `EngineGate` decides there (adapters/deepspeed.py).
 A held step takes DeepSpeed's own overflow path (adapters/ds_hold.py): weights, fp32 master, optimizer
-state, the LR scheduler the engine steps and the loss scale stay as they were.
+state, the LR scheduler the engine steps and the loss scale stay as they were. With one micro-batch a step
+it is then replayed through the Trainer's own `training_step` on the captured inputs (`transient` /
+`sample`, monitor/replay.py, ds_replay.trainer_source); quarantined samples are left out of later training
+forwards by the capturing pre-hook.
 
 Otherwise (DDP, one process) the gate decides in `on_pre_optimizer_step`, the last callback before the
 Trainer's `optimizer.step()`, from the step's exchange, with the norm the Trainer has just computed. For a
@@ -22,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lossguard.monitor import quarantine, tensors
+from lossguard.monitor.adapters import ds_replay
 from lossguard.monitor.adapters.deepspeed import EngineGate
 from lossguard.monitor.options import OptionError
 
@@ -50,16 +55,34 @@ class TrainerGate:
 
 
 class DeepSpeedGate:
-    """The gate of a Trainer under DeepSpeed: the engine's `step`, wrapped on the instance for the run."""
+    """The gate of a Trainer under DeepSpeed: the engine's `step`, wrapped on the instance for the run. With
+    the Trainer at hand and one micro-batch a step, a held step is replayed through the Trainer's own
+    `training_step` (ds_replay.trainer_source); a forward pre-hook on the model captures each batch and
+    leaves out the samples a recovery quarantined."""
 
-    def __init__(self, callback: Any, engine: Any, state: Any) -> None:
+    def __init__(self, callback: Any, engine: Any, state: Any, trainer: Any) -> None:
         self.engine = engine
         self.halt = False
-        self.gate = EngineGate(engine, callback.monitor, lambda: state.global_step + 1)
+        self.replaying = False  # the replay's own `engine.step()`, inside `training_step`: a no-op
+        self.capture: ds_replay.Capture | None = None
+        self._hook = None
+        source = None
+        if trainer is not None and callback.options.recovery.replay:
+            held = quarantine.Quarantine(callback.options.events_dir)
+            self.capture = ds_replay.Capture(held)
+            self._hook = tensors.unwrap_model(engine.module).register_forward_pre_hook(
+                self.capture.record, with_kwargs=True)
+            source = ds_replay.trainer_source(trainer, self.capture, held, self._set_replaying)
+        self.gate = EngineGate(engine, callback.monitor, lambda: state.global_step + 1, source)
         self._original = engine.step
         engine.step = self._step
 
+    def _set_replaying(self, on: bool) -> None:
+        self.replaying = on
+
     def _step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.replaying:
+            return None
         if not self.engine.is_gradient_accumulation_boundary():
             return self._original(*args, **kwargs)
         result, halt = self.gate.step(self._original, args, kwargs)
@@ -72,11 +95,13 @@ class DeepSpeedGate:
     def stop(self) -> None:
         if vars(self.engine).get("step") == self._step:
             del self.engine.step  # the class's own method again
+        if self._hook is not None:
+            self._hook.remove()
 
 
-def start(callback: Any, args: Any, state: Any) -> TrainerGate | DeepSpeedGate:
+def start(callback: Any, args: Any, state: Any, trainer: Any) -> TrainerGate | DeepSpeedGate:
     if callback.engine is not None:
-        return DeepSpeedGate(callback, callback.engine, state)
+        return DeepSpeedGate(callback, callback.engine, state, trainer)
     if args.fp16:
         raise OptionError("lossguard: LossguardCallback(recover=...) with fp16=True and no DeepSpeed is not "
                           "supported yet (a held step would leave the GradScaler between unscale_ and update). "
