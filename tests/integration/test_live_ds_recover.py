@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 NAN_STEP = 4
 HELD = ["z1-nan_once", "z2-nan_once-bf16", "z3-nan_once", "z2-masked"]
 REPLAYED = ["z2-transient", "z3-transient", "z2-poison", "z2-resume", "z3-poison", "z3-resume", "z2-flaky"]
-SCENARIOS = [*HELD, *REPLAYED, "z3-over_budget", "z2-healthy", "z2-plain", "z3-plain", "z3-healthy-bf16",
+ROLLED = ["z2-rollback", "z3-rollback", "z2-rollback_none", "z2-snap_healthy"]
+SCENARIOS = [*HELD, *REPLAYED, *ROLLED, "z3-over_budget", "z2-healthy", "z2-plain", "z3-plain", "z3-healthy-bf16",
              "z3-plain-bf16"]
 
 
@@ -166,3 +167,41 @@ def test_a_rank_whose_faults_keep_vanishing_on_replay_is_named_a_suspect_device(
     assert "rank(s) 1 (2 times) faulted transiently" in recoveries[1]["action"]
     assert "suspect device" in recoveries[1]["action"]
     assert all(math.isfinite(x) for i, x in enumerate(ranks["z2-flaky"][1]["losses"]) if i + 1 not in (3, 6))
+
+
+@pytest.mark.parametrize("stage", ["z2", "z3"])
+def test_nan_in_one_ranks_master_weights_is_rolled_back_on_every_rank(job, stage):
+    """NaN written into rank 1's fp32 master partition after step 5 reaches the 16-bit weights with step 6;
+    the loss at 7 is held, every rank finds the weights non-finite and restores the snapshot taken before
+    step 5, bit for bit (weights, fp32 master, Adam moments and step, scheduler), and trains on."""
+    out, ranks = job
+    name = f"{stage}-rollback"
+    recoveries = _analyze_json(out / name / "events")["recoveries"]
+    assert [(r["step"], r["kind"], r["steps_lost"], r["signature"]) for r in recoveries] == \
+        [(7, "rollback", 3, "nonfinite")]
+    for r in (0, 1):
+        rank = ranks[name][r]
+        assert rank["halted_at"] is None and rank["global_steps"] == 8 and math.isfinite(rank["losses"][-1])
+        rolled = torch.load(out / name / f"rolled-rank{r}.pt", weights_only=False)
+        clean = torch.load(out / f"{stage}-plain" / f"at4-rank{r}.pt", weights_only=False)
+        for state in (rolled, clean):
+            state.pop("counters"), state["optimizer"].pop("overflow")
+        assert _same(clean, rolled) > 10
+        final = torch.load(out / name / f"final-rank{r}.pt", weights_only=False)
+        assert all(torch.isfinite(p).all() for p in final)
+
+
+def test_a_rollback_with_no_good_snapshot_halts_with_a_checkpoint(job):
+    out, ranks = job
+    for rank in ranks["z2-rollback_none"]:
+        assert rank["halted_at"] == 7
+    assert (out / "z2-rollback_none" / "ckpt" / "lossguard-halt-step7").is_dir()
+    halts = [json.loads(line) for line in (out / "z2-rollback_none" / "events" / "events-rank0.jsonl").read_text()
+             .splitlines() if '"halt"' in line]
+    assert [(h["step"], h["reason"]) for h in halts] == [(7, "rollback-no-snapshot")]
+
+
+def test_a_healthy_run_with_snapshots_trains_exactly_as_without_lossguard(job):
+    _, ranks = job
+    for r in (0, 1):
+        assert ranks["z2-snap_healthy"][r]["losses"] == ranks["z2-plain"][r]["losses"]

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 NAN_STEP = 4
 HELD = ["z1-nan_once", "z2-nan_once", "z3-nan_once", "ddp-nan_once"]
 SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain", "ddp-healthy", "ddp-plain",
-             "z2-transient", "z2-plain", "z3-transient", "z2-poison"]
+             "z2-transient", "z2-plain", "z3-transient", "z2-poison", "z3-rollback"]
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +97,13 @@ def test_a_poisoned_sample_is_quarantined_and_left_out_of_every_later_epoch(job)
     assert all(rank["global_step"] == 12 and rank["halted_at"] is None for rank in ranks["z2-poison"])
     assert all(x == x for rank in ranks["z2-poison"] for i, x in enumerate(rank["losses"])
                if i + 1 != recoveries[0]["step"])
+
+
+def test_nan_in_one_ranks_master_weights_is_rolled_back_under_the_trainer(job):
+    out, ranks, _ = job
+    recoveries = _analyze_json(out / "z3-rollback" / "events")["recoveries"]
+    assert [(r["step"], r["kind"], r["steps_lost"]) for r in recoveries] == [(7, "rollback", 3)]
+    for r in (0, 1):
+        assert ranks["z3-rollback"][r]["global_step"] == 8 and ranks["z3-rollback"][r]["halted_at"] is None
+        final = torch.load(out / "z3-rollback" / f"final-rank{r}.pt", weights_only=False)
+        assert all(torch.isfinite(p).all() for p in final)

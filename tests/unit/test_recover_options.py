@@ -12,7 +12,6 @@ from lossguard.monitor.options import (
     OptionError,
     RecoverOptions,
     refuse_recover,
-    refuse_snapshots,
 )
 
 
@@ -47,12 +46,6 @@ def test_entry_points_without_a_gate_refuse_recover():
     refuse_recover(GuardOptions(), "LossguardLightningCallback")
     with pytest.raises(OptionError, match="not supported by LossguardLightningCallback"):
         refuse_recover(GuardOptions(recover=True), "LossguardLightningCallback")
-
-
-def test_entry_points_without_snapshots_refuse_them_but_take_the_gate():
-    refuse_snapshots(GuardOptions(recover=True), "lossguard.attach")
-    with pytest.raises(OptionError, match="snapshot_every=5 is not supported by lossguard.attach"):
-        refuse_snapshots(GuardOptions(recover=RecoverOptions(snapshot_every=5)), "lossguard.attach")
 
 
 def _events(path, lines):
@@ -110,3 +103,38 @@ def test_a_logs_values_at_a_recovered_step_are_left_out(tmp_path):
     without.mkdir()
     (without / "trainer_state.json").write_text((run / "trainer_state.json").read_text())
     assert analyze([without]).to_dict()["verdict"] == "broken"  # the same log alone: the made-up drop diverges
+
+
+def test_snapshots_are_on_by_default_for_an_adapter_fine_tune_and_off_for_a_full_one():
+    import torch
+
+    full = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
+    adapter = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
+    adapter[0].requires_grad_(False)  # the frozen base: 1,028 of 66,820 weights train (1.5%)
+    options = RecoverOptions()
+    assert options.snapshot_every is None
+    assert options.every_for(full) == 0 and options.every_for(adapter) == 10
+    assert RecoverOptions(snapshot_every=0).every_for(adapter) == 0  # asked for: honoured
+    assert RecoverOptions(snapshot_every=3).every_for(full) == 3
+    with pytest.raises(OptionError, match="snapshot_every must be None"):
+        RecoverOptions(snapshot_every=-1)
+
+
+def test_guards_snapshot_holds_the_trained_weights_and_buffers_not_the_frozen_ones():
+    import torch
+
+    from lossguard.monitor.snapshots import Ring, Trainable
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 4))
+    model[0].requires_grad_(False)
+    snap = Ring(1, 1).take(1, 0, Trainable(model), None, None)
+    assert sorted(snap.model) == ["1.bias", "1.num_batches_tracked", "1.running_mean", "1.running_var",
+                                  "1.weight", "2.bias", "2.weight"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    Ring.restore(snap, Trainable(model), None, None)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before if not k.startswith("0."))
+    assert torch.equal(after["0.weight"], before["0.weight"] + 1.0)  # frozen: not in the snapshot, left alone

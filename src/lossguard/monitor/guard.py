@@ -97,7 +97,7 @@ class Guard:
         self._rng: dict[str, Any] | None = None  # the RNG state the last batch of `batches` was handed out with
         self.scheduler = None
         self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
-        every = options.recovery.snapshot_every if options.recovery is not None else 0
+        every = options.recovery.every_for(model) if options.recovery is not None else 0
         self.ring = snapshots.Ring(every, options.recovery.keep) if every else None
 
     def batches(self, loader: Any) -> Iterator[Any]:
@@ -181,15 +181,15 @@ class Guard:
         if self.ring is None or self.monitor.disabled or not self.ring.due(self.num_steps):
             return
         try:
-            self.ring.take(self.num_steps, self._position(), model, optimizer, self.scheduler)
+            self.ring.take(self.num_steps, self._position(), snapshots.Trainable(model), optimizer, self.scheduler)
         except Exception as exc:
             self.monitor._fail(exc, "snapshot")
 
     def _rolled_back(self, hold: Any, model: Any, optimizer: Any, replaying: bool) -> bool:
         """Snapshots on and the step held: roll back when some rank's weights are non-finite (every rank
         together), halt when there is nothing to go back to; else the gate's own path, its record written."""
-        outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1, model, optimizer,
-                                     self.scheduler)
+        outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
+                                     snapshots.Trainable(model), optimizer, self.scheduler)
         if outcome == "halt":
             self.monitor.halted_at = hold.step
             raise LossguardHalt(hold.step)

@@ -125,6 +125,26 @@ def _finite(state: dict[str, Any]) -> bool:
                if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
+class Trainable:
+    """What `Guard`'s snapshot holds of a model: its trained parameters and its buffers (running statistics).
+    Frozen weights never change, so the snapshot of a LoRA fine-tune holds the adapters, not the base model.
+    The ring reads and restores it as it would a model."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        state.update(self.model.named_buffers())
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state, strict=False)  # copied in place: the parameters keep their identity
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [t for t in self.state_dict().values() if t.is_floating_point()]
+
+
 @dataclass
 class Snapshot:
     step: int  # taken as step `step` was let through: the state after `step - 1` steps

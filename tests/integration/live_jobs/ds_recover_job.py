@@ -12,7 +12,12 @@ Scenario names: zSTAGE-CASE[-bf16], CASE one of
   poison       the embedding row of token POISON (untied head) is 1e38 and rank 1's sample 2 at step NAN_STEP
                carries that token (recover=True): that sample is quarantined, the rest committed;
   resume       `poison` again, a new engine and guard on its events dir: the sample never reaches the model;
-  healthy      recover=True, no fault (`plain-poison`: the poisoned model, no sample carries the token);
+  rollback     snapshots every 2 steps; NaN written into rank 1's fp32 master partition after step 5: the
+               weights turn non-finite with step 6, the loss at 7 is held and every rank rolls back to the
+               snapshot taken before step 5;
+  rollback_none  the same with a snapshot every step and one kept: the only snapshot is already bad: halt;
+  snap_healthy snapshots every 2 steps, no fault;
+  healthy      recover=True, no fault;
   plain        the same healthy run without lossguard.
 The model is tiny GPT-2 with one extra token (POISON) and an untied head, in every scenario.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (its losses, the held steps, the halt, the engine's counters)
@@ -50,6 +55,13 @@ def model_for(case: str):
         with torch.no_grad():
             model.transformer.wte.weight[POISON] = 1e38
     return model
+
+
+def master_partition(engine) -> torch.Tensor:
+    """This rank's fp32 master partition (ZeRO-1/2, ZeRO-3)."""
+    optimizer = engine.optimizer
+    groups = getattr(optimizer, "single_partition_of_fp32_groups", None) or optimizer.fp32_partitioned_groups_flat
+    return groups[0]
 
 
 def batches_of(rank: int, micro: int, case: str) -> list[dict]:
@@ -105,6 +117,10 @@ def run(out_dir: str, name: str) -> None:
         recover = True
         if case in ("nan_once", "over_budget"):  # hold only: the NaN is the loop's, a replay would not see it
             recover = lossguard.RecoverOptions(budget=2 if case == "over_budget" else 3, window=100, replay=False)
+        if case in ("rollback", "snap_healthy"):
+            recover = lossguard.RecoverOptions(snapshot_every=2)
+        if case == "rollback_none":
+            recover = lossguard.RecoverOptions(snapshot_every=1, keep=1)
         events = os.path.join(work, "events")
         if case == "resume":  # a resume from `poison`'s run: the quarantine it wrote, in this run's events dir
             os.makedirs(events, exist_ok=True)
@@ -126,6 +142,12 @@ def run(out_dir: str, name: str) -> None:
             engine.step()
             if step == NAN_STEP and case in ("nan_once", "masked"):
                 torch.save(shard_state(engine), os.path.join(work, f"after-rank{rank}.pt"))
+            if (step == 4 and case in ("plain", "rollback")) or (step == 7 and case == "rollback"):
+                # the state a rollback to the snapshot before step 5 must give back, and what it gave back
+                torch.save(shard_state(engine), os.path.join(work, f"{'at4' if step == 4 else 'rolled'}-rank{rank}.pt"))
+            if step == 5 and rank == 1 and case.startswith("rollback"):
+                with torch.no_grad():  # hidden: the 16-bit weights are fine until the next step copies it over
+                    master_partition(engine)[0] = float("nan")
             held.append(guard is not None and guard.monitor.held is not None)
     except lossguard.LossguardHalt as halt:
         halted = halt.step

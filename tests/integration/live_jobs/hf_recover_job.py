@@ -8,6 +8,8 @@ Scenario names: STACK-CASE, STACK one of ddp (no DeepSpeed), z1, z2, z3 (DeepSpe
                stops at 5;
   transient    rank 1's loss is NaN on the first attempt of step NAN_STEP (recover=True, DeepSpeed): the replay
                through the Trainer's own training_step is clean;
+  rollback     (DeepSpeed) snapshots every 2 steps; NaN written into rank 1's fp32 master partition after step
+               5: the loss at 7 is held and every rank rolls back to the snapshot taken before step 5;
   poison       (DeepSpeed) 32 samples, 12 steps (three epochs); sample POISON_INDEX carries token POISON, whose
                embedding row is 1e38: named and quarantined the first time, left out of every later epoch;
   healthy      recover=True, no fault;
@@ -27,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
-from ds_recover_job import POISON, model_for, shard_state  # noqa: E402
+from ds_recover_job import POISON, master_partition, model_for, shard_state  # noqa: E402
 
 NAN_STEP, POISON_INDEX = 4, 13
 NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}}
@@ -84,6 +86,11 @@ def run(out_dir: str, name: str) -> None:
             params = shard_state(engine)["params"] if engine is not None else trainer_state(trainer_box["trainer"])["params"]
             torch.save(params, os.path.join(work, f"final-rank{rank}.pt"))
 
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if case == "rollback" and state.global_step == 5 and rank == 1:
+                with torch.no_grad():
+                    master_partition(find_deepspeed_engine(model))[0] = float("nan")
+
         def on_step_begin(self, args, state, control, model=None, **kwargs):
             now["step"] = state.global_step
             if case == "nan_once" and state.global_step in (NAN_STEP - 1, NAN_STEP):
@@ -98,6 +105,8 @@ def run(out_dir: str, name: str) -> None:
     guard = None
     if case != "plain":
         recover = True
+        if case == "rollback":
+            recover = lossguard.RecoverOptions(snapshot_every=2)
         if case in ("nan_once", "over_budget"):  # hold only
             recover = lossguard.RecoverOptions(budget=2 if case == "over_budget" else 3, window=100, replay=False)
         guard = lossguard.LossguardCallback(events_dir=os.path.join(work, "events"), halt_on="error",

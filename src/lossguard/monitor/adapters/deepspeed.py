@@ -9,7 +9,8 @@ optimizer step. On a halt every rank saves a checkpoint (when `halt_checkpoint_d
 the loop. A step whose loss is non-finite on any rank, or with a micro-batch whose labels are all masked,
 is held on every rank inside `engine.step()` (`EngineGate`): weights, fp32 master and optimizer state, LR
 scheduler and loss scale stay exactly as before it, under ZeRO-0/1/2/3, fp32, bf16 and fp16. Past the
-budget the run halts as above. Snapshots and rollback (`snapshot_every`) are `Guard`'s only so far.
+budget the run halts as above. `RecoverOptions(snapshot_every=S)`: host snapshots of each rank's own shard
+and rollback of weights that turned non-finite (ds_snapshots.py).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lossguard.monitor import quarantine, replay, tensors
-from lossguard.monitor.adapters import ds_hold, ds_replay
+from lossguard.monitor import quarantine, replay, snapshots, tensors
+from lossguard.monitor.adapters import ds_hold, ds_replay, ds_snapshots
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import LossguardHalt, exit_after_halt
-from lossguard.monitor.options import GuardOptions, refuse_snapshots
+from lossguard.monitor.options import GuardOptions, OptionError
 
 
 def engine_facts(engine: Any) -> dict[str, Any]:
@@ -82,7 +83,7 @@ class EngineGate:
     the guard reports it as a skipped step with the next exchange."""
 
     def __init__(self, engine: Any, monitor: Monitor, step_number: Callable[[], int],
-                 replay_from: ds_replay.Source | None = None) -> None:
+                 replay_from: ds_replay.Source | None = None, scheduler: Callable[[], Any] | None = None) -> None:
         self.engine = engine
         self.monitor = monitor
         self.step_number = step_number  # the number a step ends as, read before it
@@ -91,6 +92,16 @@ class EngineGate:
         self.replay_from = replay_from
         monitor.lag = 1  # fingerprints and update ratios are read before the step
         monitor.deferred = True
+        every = monitor.gate.options.every_for(engine.module)
+        why = ds_snapshots.supported(engine) if every else None
+        if why is not None and monitor.gate.options.snapshot_every is None:  # decided here, not asked for
+            every, why = 0, None
+        self.ring = snapshots.Ring(every, monitor.gate.options.keep) if every else None
+        if why is not None:
+            raise OptionError(f"lossguard: recover.snapshot_every needs an optimizer whose state lossguard knows; "
+                              f"this engine's is {why}. Set snapshot_every=0 (the gate still holds faulty steps)")
+        self.shard, self.optimizer_state = ds_snapshots.ShardState(engine), ds_snapshots.OptimizerState(engine)
+        self.scheduler = scheduler or (lambda: engine.lr_scheduler)
 
     def step(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, bool]:
         """(what `engine.step()` returned, None when held; whether the run must halt now)."""
@@ -98,10 +109,16 @@ class EngineGate:
         capture = self.replay_from.capture if self.replay_from is not None else None
         replaying = capture is not None and capture.ready() and self.monitor.gate.options.replay \
             and self.engine.gradient_accumulation_steps() == 1
-        self.monitor.gate.replay = replaying  # the replay writes the step's record
+        # the replay, or the rollback check, writes the held step's record
+        self.monitor.gate.replay = replaying or self.ring is not None
         try:
             halt = self.monitor.end_step(step, lrs=_engine_lrs(self.engine), gating=True)
             hold = self.monitor.held
+            if hold is not None and self.ring is not None and not halt:
+                outcome = self._rolled_back(hold, step, replaying)
+                if outcome != "none":
+                    ds_hold.hold(self.engine, lambda: run_step(*args, **kwargs))
+                    return None, outcome == "halt"
             if hold is not None and replaying and not halt:
                 return (self._commit(run_step, args, kwargs) if self._replayed(hold, run_step, args, kwargs)
                         else None), False
@@ -116,7 +133,26 @@ class EngineGate:
             if capture is not None:
                 capture.reset()
 
+    def _rolled_back(self, hold: Any, step: int, replaying: bool) -> str:
+        """Snapshots on and the step held: "rolled" (every rank restored the same snapshot), "halt" (non-
+        finite weights, nothing to go back to), or "none" (the held step's record written unless a replay
+        follows). The same on every rank (monitor/snapshots.py)."""
+        outcome = snapshots.rollback(self.monitor, self.ring, hold, step - 1, self.shard, self.optimizer_state,
+                                     self.scheduler())
+        if outcome == "halt":
+            self.monitor.halted_at = hold.step
+        elif outcome == "none" and not replaying:
+            self.monitor.gate.replay = False
+            self.monitor._hold(hold, [])
+        return outcome
+
     def _commit(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self.ring is not None and self.ring.due(self.last_step):  # the state before this step is applied
+            try:
+                self.ring.take(self.last_step, self.last_step - 1, self.shard, self.optimizer_state,
+                               self.scheduler())
+            except Exception as exc:  # this rank's alone: a rollback only goes to a snapshot every rank holds
+                self.monitor._fail(exc, "snapshot")
         result = run_step(*args, **kwargs)
         signals = engine_signals(self.engine)
         self.monitor.after_step(grad_norm=signals["grad_norm"], loss_scale=signals.get("loss_scale"),
@@ -223,6 +259,4 @@ class Attachment:
 
 def attach(engine: Any, *, halt_checkpoint_dir: str | None = None, **options: Any) -> Attachment:
     """Guard a DeepSpeed engine in place. Options: see `GuardOptions` (events_dir, halt_on, ...)."""
-    guard_options = GuardOptions(**options)
-    refuse_snapshots(guard_options, "lossguard.attach")
-    return Attachment(engine, guard_options, halt_checkpoint_dir)
+    return Attachment(engine, GuardOptions(**options), halt_checkpoint_dir)

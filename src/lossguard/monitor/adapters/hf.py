@@ -29,13 +29,12 @@ from lossguard.monitor.adapters import hf_gate
 from lossguard.monitor.adapters.deepspeed import engine_facts, engine_signals
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import exit_after_halt
-from lossguard.monitor.options import GuardOptions, refuse_snapshots
+from lossguard.monitor.options import GuardOptions
 
 
 class LossguardCallback(TrainerCallback):
     def __init__(self, **options: Any) -> None:
         self.options = GuardOptions(**options)
-        refuse_snapshots(self.options, "LossguardCallback")
         self.monitor: Monitor | None = None
         self.gate: Any = None  # recover: EngineGate under DeepSpeed, TrainerGate otherwise (hf_gate.py)
         self.engine: Any = None

@@ -73,7 +73,9 @@ class DeepSpeedGate:
             self._hook = tensors.unwrap_model(engine.module).register_forward_pre_hook(
                 self.capture.record, with_kwargs=True)
             source = ds_replay.trainer_source(trainer, self.capture, held, self._set_replaying)
-        self.gate = EngineGate(engine, callback.monitor, lambda: state.global_step + 1, source)
+        # the LR scheduler a snapshot holds: the engine's, else the Trainer's own (stepped by the Trainer)
+        scheduler = lambda: engine.lr_scheduler or getattr(trainer, "lr_scheduler", None)  # noqa: E731
+        self.gate = EngineGate(engine, callback.monitor, lambda: state.global_step + 1, source, scheduler)
         self._original = engine.step
         engine.step = self._step
 
@@ -102,6 +104,11 @@ class DeepSpeedGate:
 def start(callback: Any, args: Any, state: Any, trainer: Any) -> TrainerGate | DeepSpeedGate:
     if callback.engine is not None:
         return DeepSpeedGate(callback, callback.engine, state, trainer)
+    if callback.options.recovery.snapshot_every:  # asked for; None (decided by the model) is off here
+        raise OptionError("lossguard: LossguardCallback(recover=RecoverOptions(snapshot_every=...)) without "
+                          "DeepSpeed is not supported yet (snapshots and rollback are built for the Trainer "
+                          "under DeepSpeed, attach and Guard). Set snapshot_every=0: the gate still holds "
+                          "faulty steps")
     if args.fp16:
         raise OptionError("lossguard: LossguardCallback(recover=...) with fp16=True and no DeepSpeed is not "
                           "supported yet (a held step would leave the GradScaler between unscale_ and update). "
