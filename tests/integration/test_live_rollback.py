@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.live_helpers import SRC, run_job  # noqa: E402
 
-SCENARIOS = ["nan_weights", "snap_healthy", "plain"]
+SCENARIOS = ["nan_weights", "lr_spike", "snap_healthy", "plain"]
 NAN_STEP, EVERY, STEPS = 5, 3, 12
 
 
@@ -50,3 +50,21 @@ def test_healthy_run_with_snapshots_logs_the_same_losses(job):
     for r in (0, 1):
         assert ranks["snap_healthy"][r]["losses"] == ranks["plain"][r]["losses"]
         assert all(ranks["snap_healthy"][r]["commits"])
+
+
+def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_back(job):
+    """One step at a 10^4x LR (every rank) leaves the weights finite but wrong: the loss at the next step is far
+    above the run's spread, the replay of that batch says so again, so the state is at fault, not the batch:
+    every rank rolls back to the snapshot before the bad step and trains on at the normal LR."""
+    out, ranks = job
+    spike = 24
+    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(out / "lr_spike" / "events"),
+                           "--format", "json"], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True,
+                          timeout=120)
+    recoveries = json.loads(proc.stdout)["recoveries"]
+    # snapshots before steps 22 and 25 (every 3): 25 is the held step, so back to 22: 22, 23, 24 undone, 25 held
+    assert [(r["step"], r["kind"], r["signature"], r["code"], r["steps_lost"]) for r in recoveries] == \
+        [(spike + 1, "rollback", "loss-spike", "LOSS006", 4)]
+    for rank in ranks["lr_spike"]:
+        assert rank["commits"] == [step != spike + 1 for step in range(1, 31)] and rank["halted_at"] is None
+        assert rank["finite"] and max(rank["losses"][spike + 1:]) < 2 * max(rank["losses"][:spike])

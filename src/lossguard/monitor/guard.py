@@ -161,11 +161,19 @@ class Guard:
                                                        replaying):
             return False
         if replaying:
+            replayer = replay.Replayer(self.monitor, model or self.model, self.quarantine,
+                                       defer_jump=self.ring is not None)
             try:  # `forward` errors are caught per rank inside and travel in the exchange: all ranks agree
-                return replay.Replayer(self.monitor, model or self.model, self.quarantine).classify(
-                    hold, batch, forward, self._rng)
+                if replayer.classify(hold, batch, forward, self._rng):
+                    return True
             except Exception as exc:  # past that (the recompute, the exchange itself): report, hold the step
                 self.monitor._fail(exc, "replay")
+            if replayer.outcome == "jump" and self.ring is not None:  # the state's fault: roll back
+                outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
+                                             snapshots.Trainable(model or self.model), optimizer or self.optimizer,
+                                             self.scheduler, jump=True)
+                if outcome == "none":
+                    replayer.record_jump()
         for param in (model or self.model).parameters():
             param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
         return False

@@ -116,10 +116,15 @@ class Ops:
 
 class Replayer:
     def __init__(self, monitor: Any, model: Any, held_quarantine: quarantine.Quarantine,
-                 ops: Ops | None = None) -> None:
+                 ops: Ops | None = None, defer_jump: bool = False) -> None:
         self.monitor = monitor
         self.ops = ops if ops is not None else Ops(model)
         self.quarantine = held_quarantine
+        # with snapshots on, a jump that comes back is the state's fault: the caller rolls back (and records
+        # it); `outcome` says so ("jump"), the held-jump record is then left to `record_jump`
+        self.defer_jump = defer_jump
+        self.outcome: str | None = None
+        self._jump: tuple | None = None
 
     def classify(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> bool:
         """Every rank together: True when the step is to be applied (the gradients in place are the
@@ -157,8 +162,12 @@ class Replayer:
             failed = any(part["error"] for part in found)
         if not named or whole or failed:
             jumped = not named and not failed and all(math.isfinite(row["loss"]) and row["grads_ok"] for row in rows)
-            self._record(hold, "jump" if jumped and hold.jump_limit is not None else "held", named, origin(hold),
-                         replay)
+            how = "jump" if jumped and hold.jump_limit is not None else "held"
+            self.outcome = how
+            if how == "jump" and self.defer_jump:
+                self._jump = (hold, replay)
+            else:
+                self._record(hold, how, named, origin(hold), replay)
             self.ops.drop()
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
@@ -166,6 +175,13 @@ class Replayer:
         self._recompute(batch, forward, rng, [e["position"] for e in named if e["rank"] == rank])
         self._record(hold, "sample", named, sorted({e["rank"] for e in named}), replay)
         return True
+
+    def record_jump(self) -> None:
+        """The held jump's record, when the rollback it was deferred to did not happen (no snapshot)."""
+        if self._jump is not None:
+            hold, replay = self._jump
+            self._record(hold, "jump", [], origin(hold), replay)
+            self._jump = None
 
     def _replay(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
         """This rank's replay. An error here is carried to the other ranks in the row, never raised: they

@@ -238,8 +238,6 @@ def decide(ring: Ring, model: Any, step: int) -> Verdict:
     """Every rank together (SYNC POINT: fault path only, every rank enters it on the same held step)."""
     reports = dist.gather_objects(ring.local_report(model))
     bad = [r for r, rep in enumerate(reports) if not rep["weights_ok"] or rep["error"]]
-    if not bad:
-        return Verdict([], None)
     common = set.intersection(*(set(rep["good"]) for rep in reports)) if reports else set()
     candidates = [s for s in common if s < step]
     return Verdict(bad, max(candidates) if candidates else None)
@@ -253,13 +251,19 @@ ACTION = ("rollback: the weights were non-finite after an applied step; every ra
           "named (weights, optimizer, scheduler, RNG), the batches since it skipped, not replayed")
 
 
+JUMP_ACTION = ("rollback: the loss jumped far above the run's spread and jumped again when the batch was "
+               "replayed, with finite weights: the state, not the batch; every rank restored the snapshot named "
+               "(weights, optimizer and its LRs, scheduler, RNG), the batches since it skipped, not replayed")
+
+
 def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optimizer: Any,
-             scheduler: Any) -> str:
+             scheduler: Any, jump: bool = False) -> str:
     """On a held step, with snapshots on: "none" (weights finite: the gate's own path goes on), "rolled"
     (every rank restored the same snapshot; the step stays held), or "halt" (non-finite weights and no
-    snapshot finite on every rank). The same answer on every rank."""
+    snapshot finite on every rank). `jump`: a loss jump that came back on replay, which rolls back with
+    finite weights too ("none" when no snapshot is there to go back to). The same answer on every rank."""
     verdict = decide(ring, model, hold.step)
-    if not verdict.bad_ranks:
+    if not verdict.bad_ranks and not (jump and verdict.target is not None):
         return "none"
     if verdict.target is None:
         _write(monitor, {"type": "halt", "step": hold.step, "codes": [], "reason": "rollback-no-snapshot"},
@@ -269,13 +273,15 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
     snap = find(ring, verdict.target)
     Ring.restore(snap, model, optimizer, scheduler)
     lost = hold.step - snap.step + 1  # the applied steps undone, and the held one
-    event = {**monitor.gate.event(hold), "kind": "rollback", "ranks": verdict.bad_ranks, "steps_lost": lost,
-             "signature": "nonfinite", "code": "LOSS001", "action": ACTION,
+    cause = ("non-finite weights", "nonfinite", "LOSS001", ACTION, verdict.bad_ranks) if verdict.bad_ranks else \
+        ("a loss jump that came back on replay", "loss-spike", "LOSS006", JUMP_ACTION, hold.ranks)
+    event = {**monitor.gate.event(hold), "kind": "rollback", "ranks": cause[4], "steps_lost": lost,
+             "signature": cause[1], "code": cause[2], "action": cause[3],
              "snapshot": {"step": snap.step, "batches": snap.batches, "bytes": snap.size},
              "batches_skipped": handed - snap.batches}
     _write(monitor, event,
-           f"lossguard: recovered at step {hold.step}: non-finite weights on rank(s) "
-           f"{', '.join(map(str, verdict.bad_ranks))} (LOSS001, nonfinite); every rank rolled back to the "
+           f"lossguard: recovered at step {hold.step}: {cause[0]} on rank(s) "
+           f"{', '.join(map(str, cause[4]))} ({cause[2]}, {cause[1]}); every rank rolled back to the "
            f"snapshot of step {snap.step}: {lost} step(s) lost, {handed - snap.batches} batch(es) skipped; "
            f"{hold.used} of {monitor.gate.options.budget} recoveries within {monitor.gate.options.window} "
            f"steps used")

@@ -17,6 +17,8 @@ Scenario names: zSTAGE-CASE[-bf16], CASE one of
                snapshot taken before step 5;
   rollback_none  the same with a snapshot every step and one kept: the only snapshot is already bad: halt;
   snap_healthy snapshots every 2 steps, no fault;
+  lr_spike     30 steps, snapshots every 3: step 24 runs at 10^4 times the LR on every rank; the loss at 25 is
+               far above the run's spread, again on replay: rolled back to the snapshot before step 22;
   healthy      recover=True, no fault;
   plain        the same healthy run without lossguard.
 The model is tiny GPT-2 with one extra token (POISON) and an untied head, in every scenario.
@@ -67,7 +69,7 @@ def master_partition(engine) -> torch.Tensor:
 def batches_of(rank: int, micro: int, case: str) -> list[dict]:
     data = tiny.Tokens()
     out = []
-    for step in range(1, STEPS + 1):
+    for step in range(1, (30 if case == "lr_spike" else STEPS) + 1):
         start = (rank * micro + (step - 1) * micro * 2) % len(data)
         ids = data.ids[start:start + micro].clone()
         labels = ids.clone()
@@ -119,6 +121,8 @@ def run(out_dir: str, name: str) -> None:
             recover = lossguard.RecoverOptions(budget=2 if case == "over_budget" else 3, window=100, replay=False)
         if case in ("rollback", "snap_healthy"):
             recover = lossguard.RecoverOptions(snapshot_every=2)
+        if case == "lr_spike":
+            recover = lossguard.RecoverOptions(snapshot_every=3)
         if case == "rollback_none":
             recover = lossguard.RecoverOptions(snapshot_every=1, keep=1)
         events = os.path.join(work, "events")
@@ -139,6 +143,8 @@ def run(out_dir: str, name: str) -> None:
             engine.backward(loss)
             if step == NAN_STEP and case in ("nan_once", "masked"):
                 torch.save(shard_state(engine), os.path.join(work, f"before-rank{rank}.pt"))
+            for group in engine.optimizer.param_groups if case == "lr_spike" and step == 24 else []:
+                group["lr"] *= 1e4  # one step at a wildly wrong LR; the scheduler sets it back after the step
             engine.step()
             if step == NAN_STEP and case in ("nan_once", "masked"):
                 torch.save(shard_state(engine), os.path.join(work, f"after-rank{rank}.pt"))

@@ -3,7 +3,10 @@
     torchrun --nproc_per_node 2 rollback_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
 Scenarios: `nan_weights` (rank 1 writes NaN into its weights right after `optimizer.step()` of step
-NAN_STEP), `snap_healthy` (snapshots on, no fault), `plain` (the same run without lossguard). Every rank
+NAN_STEP), `lr_spike` (30 steps, `commit(forward=...)`: the LR is 10^4 times too high for the one step
+SPIKE_STEP on every rank; the weights stay finite but the loss explodes at the next step, comes back on
+replay, and the run is rolled back), `snap_healthy` (snapshots on, no fault), `plain` (the same run without
+lossguard). Every rank
 writes OUT_DIR/SCENARIO/rank{r}.json: its losses, what commit returned, whether its final weights are
 finite, the halt, the final weights (rank{r}.pt).
 """
@@ -20,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 from recover_job import batch_at, start  # noqa: E402
 
-STEPS, NAN_STEP, EVERY = 12, 5, 3
+STEPS, NAN_STEP, EVERY, SPIKE_STEP = 12, 5, 3, 24
 
 
 def run(out_dir: str, name: str) -> None:
@@ -32,15 +35,20 @@ def run(out_dir: str, name: str) -> None:
         model, optimizer, scheduler=scheduler, events_dir=os.path.join(work, "events"), fingerprint_every=4,
         recover=lossguard.RecoverOptions(snapshot_every=EVERY))
     out: dict = {"losses": [], "commits": [], "halted_at": None}
-    loader = [batch_at(step, rank) for step in range(1, STEPS + 1)]
+    loader = [batch_at(step, rank) for step in range(1, (30 if name == "lr_spike" else STEPS) + 1)]
+    forward = (lambda b: model(b["ids"], b["labels"])) if name == "lr_spike" else None
     try:
         for batch in (loader if guard is None else guard.batches(loader)):
             loss = model(batch["ids"], batch["labels"])
             loss.backward()
             out["losses"].append(loss.item())
-            ok = True if guard is None else guard.commit(loss=loss, labels=batch["labels"])
+            ok = True if guard is None else guard.commit(loss=loss, labels=batch["labels"], batch=batch,
+                                                          forward=forward)
             out["commits"].append(ok)
             if ok:
+                spike = name == "lr_spike" and len(out["losses"]) == SPIKE_STEP
+                for group in optimizer.param_groups if spike else []:
+                    group["lr"] *= 1e4  # one step at a wildly wrong LR; LambdaLR sets it back at its step
                 optimizer.step()
                 scheduler.step()
             optimizer.zero_grad()

@@ -164,13 +164,17 @@ class EngineGate:
         source = self.replay_from
         run = lambda: run_step(*args, **kwargs)  # noqa: E731
         ops = ds_replay.DeepSpeedOps(self.engine, run, source)
+        replayer = replay.Replayer(self.monitor, None, source.quarantine, ops=ops, defer_jump=self.ring is not None)
         try:
-            ok = replay.Replayer(self.monitor, None, source.quarantine, ops=ops).classify(
-                hold, source.capture.batch, source.forward, source.capture.rng)
+            ok = replayer.classify(hold, source.capture.batch, source.forward, source.capture.rng)
         except Exception as exc:  # past the errors `classify` shares: report, hold the step
             self.monitor._fail(exc, "replay")
             ds_hold.hold(self.engine, run, counted=False)
             ok = False
+        if replayer.outcome == "jump" and self.ring is not None and snapshots.rollback(  # the state's fault
+                self.monitor, self.ring, hold, hold.step - 1, self.shard, self.optimizer_state, self.scheduler(),
+                jump=True) == "none":
+            replayer.record_jump()
         if not ok:
             ds_hold.count_skipped(self.engine)
         return ok
