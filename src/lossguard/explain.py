@@ -83,21 +83,26 @@ or the run's stdout log."""
 
 RECOVERED = """\
 REC001 recovered (warning): the live guard (`recover=True`) recovered steps in place: the run finished, but
-each listed fault happened. The JSON report's `recoveries` lists each one: step, ranks, kind, samples,
-steps lost, signature, code and the action taken; `ranks` are those the fault started on. Kinds: `held`
-(the commit gate skipped the optimizer step on every rank and dropped the batch, for a non-finite loss or
-gradient (LOSS001), a micro-batch with every label masked (LABEL001), or a loss far above the run's own
-spread (LOSS006, `loss-spike`: over ten robust spreads, 3x the typical loss and half a nat above it,
-after 20 committed steps); under DeepSpeed the engine's step took its own overflow path, so weights,
-optimizer shards, scheduler and loss scale stayed as they were); `transient` (the held batch, replayed with the RNG state it first ran
-with, did not fault again: the replay was applied; a rank where that happens twice within the window is
-named a suspect device in the action: check that GPU's health); `sample` (the replay faulted again; a forward per sample
-named the samples whose loss is non-finite: they were quarantined, listed by token-id hash and dataset index,
-and the rest of the batch was applied); `rollback` (weights turned non-finite after an applied step: every
-rank restored the newest host snapshot finite on every rank, `RecoverOptions(snapshot_every=S)`, and skipped
-the batches since it; `steps_lost` counts the steps undone). A run that would otherwise
-be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and ranks; a
-fault that keeps coming back needs its cause fixed, not more recoveries."""
+each listed fault happened. The JSON report's `recoveries` lists each one: step, ranks (those the fault
+started on), kind, samples, steps lost, signature, code and the action taken. Kinds:
+  held       the commit gate skipped the optimizer step on every rank and dropped the batch, for a
+             non-finite loss or gradient (LOSS001), a micro-batch with every label masked (LABEL001), or a
+             loss far above the run's own spread (LOSS006, `loss-spike`: over ten robust spreads, 3x the
+             typical loss and half a nat above it, after 20 committed steps); under DeepSpeed the engine's
+             step took its own overflow path, so weights, optimizer shards, scheduler and loss scale stayed
+             as they were
+  transient  the held batch, replayed with the RNG state it first ran with, did not fault again: the
+             replay was applied; a rank where that happens twice within the window is named a suspect
+             device in the action (check that GPU's health)
+  sample     the replay faulted again; a forward per sample named the samples whose loss is non-finite:
+             they were quarantined (listed by token-id hash and dataset index, left out for the rest of the
+             run and after a resume) and the rest of the batch was applied
+  rollback   weights turned non-finite after an applied step, or a loss jump came back when the batch was
+             replayed (the state, not the batch): every rank restored the newest host snapshot finite on
+             every rank (`RecoverOptions(snapshot_every=S)`; by default every 10 steps when at most 5% of
+             the weights train) and skipped the batches since it; `steps_lost` counts the steps undone
+A run that would otherwise be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and
+ranks; a fault that keeps coming back needs its cause fixed, not more recoveries."""
 
 
 def topics() -> list[tuple[str, str]]:

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 NAN_STEP = 4
 HELD = ["z1-nan_once", "z2-nan_once", "z3-nan_once", "ddp-nan_once"]
 SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain", "ddp-healthy", "ddp-plain",
-             "z2-transient", "z2-plain", "z3-transient", "z2-poison", "z3-rollback"]
+             "z2-transient", "z2-plain", "z3-transient", "z1-transient", "z1-plain", "z2-poison", "z3-rollback",
+             "z1-masked"]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_a_healthy_run_with_recover_trains_and_logs_exactly_as_without_lossguard
     assert report["recoveries"] == [] and report["verdict"] == "healthy"
 
 
-@pytest.mark.parametrize("stage", ["z2", "z3"])
+@pytest.mark.parametrize("stage", ["z1", "z2", "z3"])
 def test_a_transient_fault_is_replayed_through_the_trainer_and_ends_bit_equal_to_a_clean_run(job, stage):
     out, ranks, summaries = job
     name, plain = f"{stage}-transient", f"{stage}-plain"
@@ -107,3 +108,14 @@ def test_nan_in_one_ranks_master_weights_is_rolled_back_under_the_trainer(job):
         assert ranks["z3-rollback"][r]["global_step"] == 8 and ranks["z3-rollback"][r]["halted_at"] is None
         final = torch.load(out / "z3-rollback" / f"final-rank{r}.pt", weights_only=False)
         assert all(torch.isfinite(p).all() for p in final)
+
+
+def test_a_micro_batch_with_every_label_masked_is_quarantined_without_a_replay(job):
+    out, ranks, _ = job
+    (recovery,) = _analyze_json(out / "z1-masked" / "events")["recoveries"]
+    assert (recovery["step"], recovery["kind"], recovery["signature"], recovery["code"]) == \
+        (NAN_STEP, "sample", "masked-labels", "LABEL001")
+    assert [(e["rank"], e["position"]) for e in recovery["samples"]] == [(1, p) for p in range(4)]
+    lines = (out / "z1-masked" / "events" / "events-rank0.jsonl").read_text().splitlines()
+    assert not any('"replay"' in line for line in lines if '"recovery"' in line)  # no replay was run
+    assert all(rank["global_step"] == 8 and rank["halted_at"] is None for rank in ranks["z1-masked"])

@@ -4,6 +4,7 @@
 
 Scenario names: STACK-CASE, STACK one of ddp (no DeepSpeed), z1, z2, z3 (DeepSpeed ZeRO stage); CASE one of
   nan_once     rank 1's loss is NaN at step NAN_STEP (replay off): the step is held on both ranks;
+  masked       rank 1's labels are all -100 at step NAN_STEP (recover=True): quarantined without a replay;
   over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2 (replay off): the Trainer saves and
                stops at 5;
   transient    rank 1's loss is NaN on the first attempt of step NAN_STEP (recover=True, DeepSpeed): the replay
@@ -78,6 +79,13 @@ def run(out_dir: str, name: str) -> None:
         return output
 
     model.register_forward_hook(poison, with_kwargs=True)
+
+    def mask(module, args, kwargs):  # `masked`: rank 1's micro-batch at NAN_STEP has no supervised token
+        if module.training and case == "masked" and rank == 1 and now["step"] + 1 == NAN_STEP:
+            return args, {**kwargs, "labels": torch.full_like(kwargs["labels"], -100)}
+        return None
+
+    model.register_forward_pre_hook(mask, with_kwargs=True)
     trainer_box: dict = {}
 
     class Probe(TrainerCallback):
