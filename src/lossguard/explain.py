@@ -97,8 +97,9 @@ started on), kind, samples, steps lost, signature, code and the action taken. Ki
   sample     the replay faulted again; a forward per sample named the samples whose loss is non-finite:
              they were quarantined (listed by token-id hash and dataset index, left out for the rest of the
              run and after a resume) and the rest of the batch was applied
-  rollback   weights turned non-finite after an applied step, or a loss jump came back when the batch was
-             replayed (the state, not the batch): every rank restored the newest host snapshot finite on
+  rollback   weights turned non-finite after an applied step, a loss jump came back when the batch was
+             replayed (the state, not the batch), or one replica's weights drifted from the others'
+             (RANK001, `rank-desync`): every rank restored the newest host snapshot finite on
              every rank (`RecoverOptions(snapshot_every=S)`; by default every 10 steps when at most 5% of
              the weights train) and skipped the batches since it; `steps_lost` counts the steps undone
 A run that would otherwise be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and

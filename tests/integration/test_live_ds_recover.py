@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 NAN_STEP = 4
 HELD = ["z1-nan_once", "z2-nan_once-bf16", "z3-nan_once", "z2-masked"]
 REPLAYED = ["z2-transient", "z3-transient", "z2-poison", "z2-resume", "z3-poison", "z3-resume", "z2-flaky"]
-ROLLED = ["z2-rollback", "z3-rollback", "z2-rollback_none", "z2-snap_healthy", "z2-lr_spike"]
+ROLLED = ["z2-rollback", "z3-rollback", "z2-rollback_none", "z2-snap_healthy", "z2-lr_spike", "z1-drift"]
 SCENARIOS = [*HELD, *REPLAYED, *ROLLED, "z3-over_budget", "z2-healthy", "z2-plain", "z3-plain", "z3-healthy-bf16",
              "z3-plain-bf16"]
 
@@ -215,3 +215,12 @@ def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_bac
     for rank in ranks["z2-lr_spike"]:
         assert rank["halted_at"] is None and rank["global_steps"] == 30
         assert max(rank["losses"][25:]) < 2 * max(rank["losses"][:24])  # trained on at the normal LR
+
+
+def test_a_drifted_replica_is_rolled_back_under_zero(job):
+    out, ranks = job
+    recoveries = _analyze_json(out / "z1-drift" / "events")["recoveries"]
+    assert [(r["step"], r["kind"], r["ranks"], r["signature"], r["steps_lost"]) for r in recoveries] == \
+        [(8, "rollback", [1], "rank-desync", 2)]
+    finals = [torch.load(out / "z1-drift" / f"final-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert torch.equal(finals[0][0], finals[1][0])  # the 16-bit groups every replica holds agree again

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.live_helpers import SRC, run_job  # noqa: E402
 
-SCENARIOS = ["nan_weights", "lr_spike", "snap_healthy", "plain"]
+SCENARIOS = ["nan_weights", "lr_spike", "drift", "snap_healthy", "plain"]
 NAN_STEP, EVERY, STEPS = 5, 3, 12
 
 
@@ -68,3 +68,20 @@ def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_bac
     for rank in ranks["lr_spike"]:
         assert rank["commits"] == [step != spike + 1 for step in range(1, 31)] and rank["halted_at"] is None
         assert rank["finite"] and max(rank["losses"][spike + 1:]) < 2 * max(rank["losses"][:spike])
+
+
+def test_a_drifted_replica_is_rolled_back_to_the_last_snapshot_every_rank_holds_alike(job):
+    """Rank 1 nudges one weight after step 7: the fingerprints differ at step 8 (read before its update), the
+    step is held, and every rank restores the snapshot taken before step 7, whose fingerprint every rank
+    shares: the replicas agree again, bit for bit."""
+    out, ranks = job
+    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(out / "drift" / "events"),
+                           "--format", "json"], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True,
+                          timeout=120)
+    recoveries = json.loads(proc.stdout)["recoveries"]
+    assert [(r["step"], r["kind"], r["ranks"], r["signature"], r["code"], r["steps_lost"]) for r in recoveries] == \
+        [(8, "rollback", [1], "rank-desync", "RANK001", 2)]
+    a, b = (torch.load(out / "drift" / f"rank{r}.pt") for r in (0, 1))
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert all(rank["halted_at"] is None for rank in ranks["drift"])

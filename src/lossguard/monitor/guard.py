@@ -99,6 +99,8 @@ class Guard:
         self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
         every = options.recovery.every_for(model) if options.recovery is not None else 0
         self.ring = snapshots.Ring(every, options.recovery.keep) if every else None
+        if self.ring is not None:  # a drifted replica can be rolled back: the gate holds it
+            self.monitor.gate.watch_drift = True
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches, each without its quarantined samples, the RNG state recorded as it is handed

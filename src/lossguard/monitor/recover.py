@@ -37,10 +37,14 @@ from lossguard.monitor.options import RecoverOptions
 # over no token), and the step's signature is the first fault's; a jump is judged on the finite losses
 # only, so a step that also has a non-finite value is named by that first.
 JUMP = "loss jump far above the run's spread"
+DRIFT = "weights differ between replicas"
 _FAULTS = (("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-labels", "LABEL001"),
            ("non-finite loss", wire.RAW_LOSS, "nonfinite", "LOSS001"),
            ("non-finite gradient norm", wire.GRAD_NORM, "nonfinite", "LOSS001"),
+           (DRIFT, wire.FINGERPRINT, "rank-desync", "RANK001"),
            (JUMP, wire.RAW_LOSS, "loss-spike", "LOSS006"))
+# Replicas whose fingerprints differ by more than this (relative) have drifted: the offline RANK001 test.
+DRIFT_TOLERANCE = 1e-6
 _BY_SLOT = _FAULTS[:3]  # read value by value; the jump against the gate's history (monitor/jump.py)
 _BITS = {wire.RAW_LOSS: wire.HAS_LOSS, wire.GRAD_NORM: wire.HAS_GRAD_NORM, wire.MIN_LABELS: wire.HAS_LABELS}
 ACTION = "held: optimizer.step() skipped on every rank, the held gradients dropped, the batch not replayed"
@@ -91,6 +95,9 @@ class Gate:
     replay: bool = False  # set by `Guard.commit` when it will replay a held step (monitor/replay.py)
     losses: LossHistory = field(default_factory=LossHistory)  # committed steps only: a held one is no spread
     transients: dict = field(default_factory=dict)  # rank -> steps whose fault there did not come back on replay
+    # with snapshots on: a step whose replicas' fingerprints differ is held, and rolled back (holding alone
+    # cannot bring drifted replicas together)
+    watch_drift: bool = False
 
     def suspects(self, step: int, ranks: list[int]) -> dict[int, int]:
         """Note a `transient` fault on `ranks`; {rank: transient faults within the window} for the ranks with
@@ -110,9 +117,9 @@ class Gate:
         so is the loss history each rank keeps."""
         faults = _from_rows(rows) if rows is not None else _from_summary(seen)
         peak = _peak(rows, seen)
+        drift = _drift(rows) if self.watch_drift and rows is not None else None
         jump = _jump(self.losses.bound(), peak, rows)
-        if jump is not None:
-            faults.append(jump)
+        faults.extend(f for f in (drift, jump) if f is not None)
         if not faults:
             self.losses.commit(peak)
             return None
@@ -203,3 +210,17 @@ def _jump(bound: tuple[float, float, float] | None, peak: float | None,
                                       if _present(row, wire.RAW_LOSS) and row[wire.RAW_LOSS] > limit}
     return {"fault": JUMP, "ranks": sorted(values), "values": values, "loss": peak, "typical": typical,
             "spread": spread, "limit": limit}
+
+
+def _drift(rows: list[list[float]]) -> dict[str, Any] | None:
+    """The replicas whose finite fingerprint is off the one most ranks hold, or None. (Measured on the
+    fingerprint schedule; above the world-size threshold differing fingerprints make the step gathered.)"""
+    prints = {rank: row[wire.FINGERPRINT] for rank, row in enumerate(rows)
+              if not wire.failed(row) and int(row[wire.PRESENT]) & wire.HAS_PRINT
+              and math.isfinite(row[wire.FINGERPRINT])}
+    if len(prints) < 2:
+        return None
+    values = list(prints.values())
+    common = max(values, key=lambda v: (values.count(v), -min(r for r, x in prints.items() if x == v)))
+    off = [r for r, v in prints.items() if abs(v - common) > DRIFT_TOLERANCE * max(abs(common), 1.0)]
+    return {"fault": DRIFT, "ranks": off, "values": prints} if off else None

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from lossguard.monitor import dist, replay
+from lossguard.monitor.recover import DRIFT
 
 
 def host_copy(value: Any) -> Any:
@@ -144,6 +145,10 @@ class Trainable:
     def parameters(self) -> list[torch.Tensor]:
         return [t for t in self.state_dict().values() if t.is_floating_point()]
 
+    def replicated(self) -> list[str]:
+        """Every key: under data parallelism each replica holds the whole model."""
+        return list(self.state_dict())
+
 
 @dataclass
 class Snapshot:
@@ -212,15 +217,19 @@ class Ring:
         for param in model.parameters():
             param.grad = None
 
-    def local_report(self, model: Any) -> dict[str, Any]:
-        """This rank's part of the exchange: are its live weights finite, and which snapshots are."""
-        report: dict[str, Any] = {"weights_ok": True, "good": [], "error": None}
+    def local_report(self, model: Any, drift: bool = False) -> dict[str, Any]:
+        """This rank's part of the exchange: are its live weights finite, which snapshots are, and (`drift`)
+        each snapshot's fingerprint of the weights every replica should hold alike."""
+        report: dict[str, Any] = {"weights_ok": True, "good": [], "prints": {}, "error": None}
         try:
             report["weights_ok"] = all(bool(torch.isfinite(p).all()) for p in model.parameters()
                                        if p.is_floating_point())  # SYNC POINT: fault path only
             for snap in self.ring:
                 snap.wait()  # SYNC POINT on CUDA, fault path only: its buffers are read next
             report["good"] = [s.step for s in self.ring if _finite(s.model)]
+            if drift:
+                keys = model.replicated() if hasattr(model, "replicated") else sorted(self.ring[0].model)
+                report["prints"] = {s.step: _print(s.model, keys) for s in self.ring}
         except Exception as exc:  # carried to the other ranks, never raised: they wait in the exchange
             report["error"] = f"{type(exc).__name__}: {exc}"
         return report
@@ -234,11 +243,21 @@ class Verdict:
     target: int | None  # the snapshot step to restore; None with bad ranks: nothing to go back to
 
 
-def decide(ring: Ring, model: Any, step: int) -> Verdict:
-    """Every rank together (SYNC POINT: fault path only, every rank enters it on the same held step)."""
-    reports = dist.gather_objects(ring.local_report(model))
+def _print(state: dict[str, Any], keys: list[str]) -> float:
+    """A fingerprint of a snapshot's replicated weights: the same float on every replica that holds the same
+    bits (the same sums in the same order)."""
+    return sum((i + 1) * float(state[k].double().sum()) for i, k in enumerate(keys)
+               if isinstance(state.get(k), torch.Tensor) and state[k].is_floating_point())
+
+
+def decide(ring: Ring, model: Any, step: int, drift: bool = False) -> Verdict:
+    """Every rank together (SYNC POINT: fault path only, every rank enters it on the same held step). A good
+    snapshot is finite on every rank and, after a drift, fingerprinted alike on every rank."""
+    reports = dist.gather_objects(ring.local_report(model, drift))
     bad = [r for r, rep in enumerate(reports) if not rep["weights_ok"] or rep["error"]]
     common = set.intersection(*(set(rep["good"]) for rep in reports)) if reports else set()
+    if drift:
+        common = {s for s in common if len({rep["prints"].get(s) for rep in reports}) == 1}
     candidates = [s for s in common if s < step]
     return Verdict(bad, max(candidates) if candidates else None)
 
@@ -256,14 +275,19 @@ JUMP_ACTION = ("rollback: the loss jumped far above the run's spread and jumped 
                "(weights, optimizer and its LRs, scheduler, RNG), the batches since it skipped, not replayed")
 
 
+DRIFT_ACTION = ("rollback: the replicas' weights differed (one rank's copy drifted from the others'); every "
+                "rank restored the newest snapshot fingerprinted alike on every rank, the batches since it skipped")
+
+
 def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optimizer: Any,
              scheduler: Any, jump: bool = False) -> str:
     """On a held step, with snapshots on: "none" (weights finite: the gate's own path goes on), "rolled"
     (every rank restored the same snapshot; the step stays held), or "halt" (non-finite weights and no
-    snapshot finite on every rank). `jump`: a loss jump that came back on replay, which rolls back with
-    finite weights too ("none" when no snapshot is there to go back to). The same answer on every rank."""
-    verdict = decide(ring, model, hold.step)
-    if not verdict.bad_ranks and not (jump and verdict.target is not None):
+    snapshot finite on every rank). `jump` (a loss jump that came back on replay) and a held drift roll
+    back with finite weights too ("none" when no snapshot is there to go back to). The same on every rank."""
+    drift = any(f["fault"] == DRIFT for f in hold.faults)
+    verdict = decide(ring, model, hold.step, drift)
+    if not verdict.bad_ranks and not ((jump or drift) and verdict.target is not None):
         return "none"
     if verdict.target is None:
         _write(monitor, {"type": "halt", "step": hold.step, "codes": [], "reason": "rollback-no-snapshot"},
@@ -274,6 +298,7 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
     Ring.restore(snap, model, optimizer, scheduler)
     lost = hold.step - snap.step + 1  # the applied steps undone, and the held one
     cause = ("non-finite weights", "nonfinite", "LOSS001", ACTION, verdict.bad_ranks) if verdict.bad_ranks else \
+        (DRIFT, "rank-desync", "RANK001", DRIFT_ACTION, hold.ranks) if drift else \
         ("a loss jump that came back on replay", "loss-spike", "LOSS006", JUMP_ACTION, hold.ranks)
     event = {**monitor.gate.event(hold), "kind": "rollback", "ranks": cause[4], "steps_lost": lost,
              "signature": cause[1], "code": cause[2], "action": cause[3],

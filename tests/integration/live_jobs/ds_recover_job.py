@@ -17,6 +17,8 @@ Scenario names: zSTAGE-CASE[-bf16], CASE one of
                snapshot taken before step 5;
   rollback_none  the same with a snapshot every step and one kept: the only snapshot is already bad: halt;
   snap_healthy snapshots every 2 steps, no fault;
+  drift        snapshots every 3; rank 1 nudges one of its 16-bit weights right after step 7: the replicas'
+               fingerprints differ at 8, which is rolled back to the snapshot before step 7;
   lr_spike     30 steps, snapshots every 3: step 24 runs at 10^4 times the LR on every rank; the loss at 25 is
                far above the run's spread, again on replay: rolled back to the snapshot before step 22;
   healthy      recover=True, no fault;
@@ -121,7 +123,7 @@ def run(out_dir: str, name: str) -> None:
             recover = lossguard.RecoverOptions(budget=2 if case == "over_budget" else 3, window=100, replay=False)
         if case in ("rollback", "snap_healthy"):
             recover = lossguard.RecoverOptions(snapshot_every=2)
-        if case == "lr_spike":
+        if case in ("lr_spike", "drift"):
             recover = lossguard.RecoverOptions(snapshot_every=3)
         if case == "rollback_none":
             recover = lossguard.RecoverOptions(snapshot_every=1, keep=1)
@@ -151,6 +153,9 @@ def run(out_dir: str, name: str) -> None:
             if (step == 4 and case in ("plain", "rollback")) or (step == 7 and case == "rollback"):
                 # the state a rollback to the snapshot before step 5 must give back, and what it gave back
                 torch.save(shard_state(engine), os.path.join(work, f"{'at4' if step == 4 else 'rolled'}-rank{rank}.pt"))
+            if step == 7 and rank == 1 and case == "drift":
+                with torch.no_grad():  # this replica alone: its copy of the embedding
+                    next(engine.module.parameters()).data.add_(1e-2)
             if step == 5 and rank == 1 and case.startswith("rollback"):
                 with torch.no_grad():  # hidden: the 16-bit weights are fine until the next step copies it over
                     master_partition(engine)[0] = float("nan")

@@ -5,7 +5,8 @@
 Scenarios: `nan_weights` (rank 1 writes NaN into its weights right after `optimizer.step()` of step
 NAN_STEP), `lr_spike` (30 steps, `commit(forward=...)`: the LR is 10^4 times too high for the one step
 SPIKE_STEP on every rank; the weights stay finite but the loss explodes at the next step, comes back on
-replay, and the run is rolled back), `snap_healthy` (snapshots on, no fault), `plain` (the same run without
+replay, and the run is rolled back), `drift` (fingerprints every step; rank 1 nudges one of its weights
+right after step DRIFT_STEP: the replicas differ at the next step and are rolled back), `snap_healthy` (snapshots on, no fault), `plain` (the same run without
 lossguard). Every rank
 writes OUT_DIR/SCENARIO/rank{r}.json: its losses, what commit returned, whether its final weights are
 finite, the halt, the final weights (rank{r}.pt).
@@ -23,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 from recover_job import batch_at, start  # noqa: E402
 
-STEPS, NAN_STEP, EVERY, SPIKE_STEP = 12, 5, 3, 24
+STEPS, NAN_STEP, EVERY, SPIKE_STEP, DRIFT_STEP = 12, 5, 3, 24, 7
 
 
 def run(out_dir: str, name: str) -> None:
@@ -32,7 +33,8 @@ def run(out_dir: str, name: str) -> None:
     rank, work, model, optimizer = start(out_dir, name)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     guard = None if name == "plain" else lossguard.Guard(
-        model, optimizer, scheduler=scheduler, events_dir=os.path.join(work, "events"), fingerprint_every=4,
+        model, optimizer, scheduler=scheduler, events_dir=os.path.join(work, "events"),
+        fingerprint_every=1 if name == "drift" else 4,
         recover=lossguard.RecoverOptions(snapshot_every=EVERY))
     out: dict = {"losses": [], "commits": [], "halted_at": None}
     loader = [batch_at(step, rank) for step in range(1, (30 if name == "lr_spike" else STEPS) + 1)]
@@ -52,6 +54,9 @@ def run(out_dir: str, name: str) -> None:
                 optimizer.step()
                 scheduler.step()
             optimizer.zero_grad()
+            if name == "drift" and rank == 1 and len(out["losses"]) == DRIFT_STEP:
+                with torch.no_grad():  # this replica alone drifts: finite, and invisible to the loss
+                    model.module.head.weight[0, 0] += 1e-2
             if name == "nan_weights" and rank == 1 and len(out["losses"]) == NAN_STEP:
                 with torch.no_grad():  # a fault the gate cannot see: it is applied after the step
                     model.module.head.weight[0, 0] = float("nan")

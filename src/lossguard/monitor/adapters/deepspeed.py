@@ -97,6 +97,7 @@ class EngineGate:
         if why is not None and monitor.gate.options.snapshot_every is None:  # decided here, not asked for
             every, why = 0, None
         self.ring = snapshots.Ring(every, monitor.gate.options.keep) if every else None
+        monitor.gate.watch_drift = self.ring is not None  # a drifted replica can be rolled back: held
         if why is not None:
             raise OptionError(f"lossguard: recover.snapshot_every needs an optimizer whose state lossguard knows; "
                               f"this engine's is {why}. Set snapshot_every=0 (the gate still holds faulty steps)")

@@ -36,16 +36,23 @@ def supported(engine: Any) -> str | None:
     return f"{type(optimizer).__name__} (snapshots know ZeRO-1/2/3 and a plain torch optimizer)"
 
 
-def _flats(optimizer: Any) -> list[torch.Tensor]:
-    """The optimizer's flat groups this rank owns: ZeRO-1/2's 16-bit groups and fp32 partition, ZeRO-3's
-    16-bit and fp32 partitions (attribute names of DeepSpeed 0.10-0.19)."""
-    out: list[torch.Tensor] = []
-    for name in ("bit16_groups_flat", "single_partition_of_fp32_groups", "fp16_partitioned_groups_flat",
-                 "fp32_partitioned_groups_flat"):
+# The optimizer's flat groups a rank owns (attribute names of DeepSpeed 0.10-0.19), and whether every
+# replica holds them alike: ZeRO-1/2's whole 16-bit groups do; fp32 and ZeRO-3 partitions are the rank's own.
+_FLATS = (("bit16_groups_flat", True), ("single_partition_of_fp32_groups", False),
+          ("fp16_partitioned_groups_flat", False), ("fp32_partitioned_groups_flat", False))
+
+
+def _owned(optimizer: Any) -> list[tuple[torch.Tensor, bool]]:
+    out = []
+    for name, replicated in _FLATS:
         for tensor in getattr(optimizer, name, None) or []:
             if isinstance(tensor, torch.Tensor) and tensor.numel():
-                out.append(tensor)
+                out.append((tensor, replicated))
     return out
+
+
+def _flats(optimizer: Any) -> list[torch.Tensor]:
+    return [tensor for tensor, _ in _owned(optimizer)]
 
 
 class ShardState:
@@ -54,13 +61,21 @@ class ShardState:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def _tensors(self) -> list[torch.Tensor]:
-        flats = _flats(self.engine.optimizer)
+    def _owned(self) -> list[tuple[torch.Tensor, bool]]:
+        """(tensor, held alike by every replica) for each tensor this rank owns."""
+        flats = _owned(self.engine.optimizer)
         if not flats:  # no ZeRO: the module's own parameters
-            return [p.data for p in self.engine.module.parameters()]
-        whole = [p.data for p in self.engine.module.parameters()
+            return [(p.data, True) for p in self.engine.module.parameters()]
+        whole = [(p.data, True) for p in self.engine.module.parameters()
                  if hasattr(p, "ds_tensor") and p.data.numel()]  # ZeRO-3: kept whole on every rank
         return flats + whole
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [tensor for tensor, _ in self._owned()]
+
+    def replicated(self) -> list[str]:
+        """The keys of the tensors every replica holds alike (a drift is judged on those)."""
+        return [f"t{i}" for i, (_, alike) in enumerate(self._owned()) if alike]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {f"t{i}": t for i, t in enumerate(self._tensors())}
