@@ -116,3 +116,15 @@ def run_job_two_nodes(script: str, out: Path, scenarios: list[str], timeout_s: i
         (out / f"{script}.node{node}.log").write_text(log)
         assert proc.returncode == 0, f"node {node} must exit cleanly; rc={proc.returncode}\n{log[-4000:]}"
     return {name: json.loads((out / name / "summary.json").read_text()) for name in scenarios}, "\n".join(logs)
+
+
+def analyze_json(events_dir: Path) -> dict:
+    """`lossguard analyze EVENTS_DIR --format json`, run as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(events_dir), "--format", "json"],
+                          env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=120)
+    return json.loads(proc.stdout)
+
+
+def rank_outputs(out: Path, scenarios: list[str]) -> dict[str, list[dict]]:
+    """Each scenario's rank{0,1}.json, the ranks' own account of a two-rank job."""
+    return {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)] for name in scenarios}

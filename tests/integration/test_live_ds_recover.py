@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from tests.integration.live_helpers import SRC, run_job  # noqa: E402
+from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +30,9 @@ SCENARIOS = [*HELD, *REPLAYED, *ROLLED, "z3-over_budget", "z2-healthy", "z2-plai
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("ds_recover")
     run_job("ds_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
-    ranks = {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)] for name in SCENARIOS}
+    ranks = rank_outputs(out, SCENARIOS)
     return out, ranks
 
-
-def _analyze_json(events_dir) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(events_dir), "--format", "json"],
-                          env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=120)
-    return json.loads(proc.stdout)
 
 
 def _same(before, after, path="state") -> int:
@@ -76,11 +69,11 @@ def test_a_faulty_step_is_held_on_every_rank_and_leaves_each_shard_as_it_was(job
 
 def test_analyze_names_each_held_step_with_its_cause(job):
     out, _ = job
-    report = _analyze_json(out / "z3-nan_once" / "events")
+    report = analyze_json(out / "z3-nan_once" / "events")
     assert [(r["step"], r["ranks"], r["kind"], r["signature"]) for r in report["recoveries"]] == \
         [(NAN_STEP, [1], "held", "nonfinite")]
     assert report["verdict"] == "warning"  # a recovered run never reads as if nothing happened
-    masked = _analyze_json(out / "z2-masked" / "events")["recoveries"]
+    masked = analyze_json(out / "z2-masked" / "events")["recoveries"]
     assert [(r["step"], r["signature"], r["code"], r["kind"]) for r in masked] == \
         [(NAN_STEP, "masked-labels", "LABEL001", "sample")]  # quarantined without a replay: data by construction
     assert [(e["rank"], e["position"]) for e in masked[0]["samples"]] == [(1, p) for p in range(4)]
@@ -96,7 +89,7 @@ def test_a_transient_fault_is_replayed_and_the_run_ends_bit_equal_to_a_clean_one
         final = torch.load(out / name / f"final-rank{r}.pt", weights_only=False)
         assert _same(final, torch.load(out / plain / f"final-rank{r}.pt", weights_only=False)) > 10
         assert ranks[name][r]["global_steps"] == 8  # the replay's step is the one counted
-    recoveries = _analyze_json(out / name / "events")["recoveries"]
+    recoveries = analyze_json(out / name / "events")["recoveries"]
     assert [(r["step"], r["ranks"], r["kind"], r["steps_lost"]) for r in recoveries] == [(NAN_STEP, [1], "transient", 0)]
 
 
@@ -104,7 +97,7 @@ def test_a_transient_fault_is_replayed_and_the_run_ends_bit_equal_to_a_clean_one
 def test_a_poisoned_sample_is_named_quarantined_and_never_seen_again(job, stage):
     out, ranks = job
     name = f"{stage}-poison"
-    recoveries = _analyze_json(out / name / "events")["recoveries"]
+    recoveries = analyze_json(out / name / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["steps_lost"]) for r in recoveries] == [(NAN_STEP, "sample", 0)]
     (named,) = recoveries[0]["samples"]
     assert (named["rank"], named["position"], len(named["hash"])) == (1, 2, 16)
@@ -118,7 +111,7 @@ def test_a_poisoned_sample_is_named_quarantined_and_never_seen_again(job, stage)
     # a resume on the same events dir: `guard.batches` leaves the sample out before it reaches the model
     resumed = ranks[f"{stage}-resume"]
     assert resumed[1]["seen_poison"] == [0] * 8 and not any(resumed[1]["held"])
-    assert _analyze_json(out / f"{stage}-resume" / "events")["recoveries"] == []
+    assert analyze_json(out / f"{stage}-resume" / "events")["recoveries"] == []
     assert resumed[1]["losses"][NAN_STEP:] == ranks[name][1]["losses"][NAN_STEP:]
 
 
@@ -143,7 +136,7 @@ def test_past_the_budget_the_run_halts_with_a_checkpoint(job):
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(out / "z3-over_budget" / "ckpt"), tag="lossguard-halt-step5")
     assert state and all(torch.isfinite(v).all() for v in state.values())
-    report = _analyze_json(out / "z3-over_budget" / "events")
+    report = analyze_json(out / "z3-over_budget" / "events")
     assert [r["step"] for r in report["recoveries"]] == [3, 4]
     assert report["verdict"] == "broken" and report["signature"] == "nonfinite"
 
@@ -155,13 +148,13 @@ def test_a_healthy_run_with_recover_trains_exactly_as_without_lossguard(job, sta
     for r in (0, 1):
         assert ranks[guarded][r]["losses"] == ranks[plain][r]["losses"]
         assert not any(ranks[guarded][r]["held"])
-    report = _analyze_json(out / guarded / "events")
+    report = analyze_json(out / guarded / "events")
     assert report["recoveries"] == [] and report["verdict"] == "healthy"
 
 
 def test_a_rank_whose_faults_keep_vanishing_on_replay_is_named_a_suspect_device(job):
     out, ranks = job
-    recoveries = _analyze_json(out / "z2-flaky" / "events")["recoveries"]
+    recoveries = analyze_json(out / "z2-flaky" / "events")["recoveries"]
     assert [(r["step"], r["ranks"], r["kind"]) for r in recoveries] == [(3, [1], "transient"), (6, [1], "transient")]
     assert "suspect device" not in recoveries[0]["action"]
     assert "rank(s) 1 (2 times) faulted transiently" in recoveries[1]["action"]
@@ -176,7 +169,7 @@ def test_nan_in_one_ranks_master_weights_is_rolled_back_on_every_rank(job, stage
     step 5, bit for bit (weights, fp32 master, Adam moments and step, scheduler), and trains on."""
     out, ranks = job
     name = f"{stage}-rollback"
-    recoveries = _analyze_json(out / name / "events")["recoveries"]
+    recoveries = analyze_json(out / name / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["steps_lost"], r["signature"]) for r in recoveries] == \
         [(7, "rollback", 3, "nonfinite")]
     for r in (0, 1):
@@ -209,7 +202,7 @@ def test_a_healthy_run_with_snapshots_trains_exactly_as_without_lossguard(job):
 
 def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_back(job):
     out, ranks = job
-    recoveries = _analyze_json(out / "z2-lr_spike" / "events")["recoveries"]
+    recoveries = analyze_json(out / "z2-lr_spike" / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["signature"], r["steps_lost"]) for r in recoveries] == \
         [(25, "rollback", "loss-spike", 4)]
     for rank in ranks["z2-lr_spike"]:
@@ -219,7 +212,7 @@ def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_bac
 
 def test_a_drifted_replica_is_rolled_back_under_zero(job):
     out, ranks = job
-    recoveries = _analyze_json(out / "z1-drift" / "events")["recoveries"]
+    recoveries = analyze_json(out / "z1-drift" / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["ranks"], r["signature"], r["steps_lost"]) for r in recoveries] == \
         [(8, "rollback", [1], "rank-desync", 2)]
     finals = [torch.load(out / "z1-drift" / f"final-rank{r}.pt", weights_only=False) for r in (0, 1)]

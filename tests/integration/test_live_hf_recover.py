@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from tests.integration.live_helpers import run_job  # noqa: E402
-from tests.integration.test_live_ds_recover import _analyze_json, _same  # noqa: E402
+from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  # noqa: E402
+from tests.integration.test_live_ds_recover import _same  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_recover")
     run_job("hf_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
-    ranks = {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)] for name in SCENARIOS}
+    ranks = rank_outputs(out, SCENARIOS)
     summaries = {name: json.loads((out / name / "summary.json").read_text()) for name in SCENARIOS}
     return out, ranks, summaries
 
@@ -48,7 +48,7 @@ def test_a_faulty_step_is_held_on_every_rank_and_leaves_the_state_as_it_was(job,
         if not scenario.startswith("ddp"):  # DeepSpeed's optimizer says its last step was skipped
             assert before["optimizer"].pop("overflow") is False and after["optimizer"].pop("overflow") is True
         assert _same(before, after) >= 20  # weights, optimizer (Adam moments and step), both schedulers
-    recoveries = _analyze_json(out / scenario / "events")["recoveries"]
+    recoveries = analyze_json(out / scenario / "events")["recoveries"]
     assert [(r["step"], r["ranks"], r["kind"], r["signature"]) for r in recoveries] == \
         [(NAN_STEP, [1], "held", "nonfinite")]
 
@@ -60,7 +60,7 @@ def test_past_the_budget_the_trainer_saves_a_checkpoint_and_stops(job, stack):
     for rank in ranks[name]:
         assert rank["halted_at"] == 5 and rank["global_step"] == 5
     assert "checkpoint-5" in summaries[name]["checkpoints"]
-    report = _analyze_json(out / name / "events")
+    report = analyze_json(out / name / "events")
     assert [r["step"] for r in report["recoveries"]] == [3, 4]
     assert report["verdict"] == "broken" and report["signature"] == "nonfinite"
 
@@ -72,7 +72,7 @@ def test_a_healthy_run_with_recover_trains_and_logs_exactly_as_without_lossguard
     for r in (0, 1):
         assert ranks[guarded][r]["losses"] == ranks[plain][r]["losses"]
     assert summaries[guarded]["logged"] == summaries[plain]["logged"] and len(summaries[plain]["logged"]) == 8
-    report = _analyze_json(out / guarded / "events")
+    report = analyze_json(out / guarded / "events")
     assert report["recoveries"] == [] and report["verdict"] == "healthy"
 
 
@@ -85,13 +85,13 @@ def test_a_transient_fault_is_replayed_through_the_trainer_and_ends_bit_equal_to
         assert losses[:NAN_STEP - 1] == clean[:NAN_STEP - 1] and losses[NAN_STEP:] == clean[NAN_STEP:]
         final = torch.load(out / name / f"final-rank{r}.pt", weights_only=False)
         assert _same(final, torch.load(out / plain / f"final-rank{r}.pt", weights_only=False)) > 10
-    recoveries = _analyze_json(out / name / "events")["recoveries"]
+    recoveries = analyze_json(out / name / "events")["recoveries"]
     assert [(r["step"], r["ranks"], r["kind"]) for r in recoveries] == [(NAN_STEP, [1], "transient")]
 
 
 def test_a_poisoned_sample_is_quarantined_and_left_out_of_every_later_epoch(job):
     out, ranks, summaries = job
-    recoveries = _analyze_json(out / "z2-poison" / "events")["recoveries"]
+    recoveries = analyze_json(out / "z2-poison" / "events")["recoveries"]
     assert [r["kind"] for r in recoveries] == ["sample"] and len(recoveries[0]["samples"]) == 1
     # the sample reached the model in one step of three epochs: never again once it was named
     assert sum(rank["seen_poison"] for rank in ranks["z2-poison"]) == 3  # attempt, replay, its own scan forward
@@ -102,7 +102,7 @@ def test_a_poisoned_sample_is_quarantined_and_left_out_of_every_later_epoch(job)
 
 def test_nan_in_one_ranks_master_weights_is_rolled_back_under_the_trainer(job):
     out, ranks, _ = job
-    recoveries = _analyze_json(out / "z3-rollback" / "events")["recoveries"]
+    recoveries = analyze_json(out / "z3-rollback" / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["steps_lost"]) for r in recoveries] == [(7, "rollback", 3)]
     for r in (0, 1):
         assert ranks["z3-rollback"][r]["global_step"] == 8 and ranks["z3-rollback"][r]["halted_at"] is None
@@ -112,7 +112,7 @@ def test_nan_in_one_ranks_master_weights_is_rolled_back_under_the_trainer(job):
 
 def test_a_micro_batch_with_every_label_masked_is_quarantined_without_a_replay(job):
     out, ranks, _ = job
-    (recovery,) = _analyze_json(out / "z1-masked" / "events")["recoveries"]
+    (recovery,) = analyze_json(out / "z1-masked" / "events")["recoveries"]
     assert (recovery["step"], recovery["kind"], recovery["signature"], recovery["code"]) == \
         (NAN_STEP, "sample", "masked-labels", "LABEL001")
     assert [(e["rank"], e["position"]) for e in recovery["samples"]] == [(1, p) for p in range(4)]

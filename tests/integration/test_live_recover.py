@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.integration.live_helpers import SRC, run_job  # noqa: E402
+from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  # noqa: E402
 
 SCENARIOS = ["nan_once", "over_budget", "jump", "healthy", "plain"]
 NAN_STEP = 4
@@ -23,14 +21,9 @@ JUMP_STEPS, JUMP_STEP = 30, 26  # recover_job.py: rank 1's loss x50 at JUMP_STEP
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("recover")
     run_job("recover_job.py", out, SCENARIOS, timeout_s=300)  # (d): a hang fails here, at the timeout
-    ranks = {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)] for name in SCENARIOS}
+    ranks = rank_outputs(out, SCENARIOS)
     return out, ranks
 
-
-def _analyze_json(events_dir) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(events_dir), "--format", "json"],
-                          env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=120)
-    return json.loads(proc.stdout)
 
 
 def test_nan_on_one_rank_is_held_on_both_and_leaves_no_trace(job):
@@ -56,7 +49,7 @@ def test_nan_on_one_rank_is_held_on_both_and_leaves_no_trace(job):
 
 def test_analyze_lists_the_recovery_and_warns(job):
     out, _ = job
-    report = _analyze_json(out / "nan_once" / "events")
+    report = analyze_json(out / "nan_once" / "events")
     assert report["recoveries"] == [{
         "step": NAN_STEP, "ranks": [1], "kind": "held", "samples": [], "steps_lost": 1,
         "signature": "nonfinite", "code": "LOSS001", "action": report["recoveries"][0]["action"]}]
@@ -71,7 +64,7 @@ def test_past_the_budget_the_run_halts_on_every_rank(job):
     out, ranks = job
     for rank in ranks["over_budget"]:
         assert rank["commits"] == [True, True, False, False] and rank["halted_at"] == 5
-    report = _analyze_json(out / "over_budget" / "events")
+    report = analyze_json(out / "over_budget" / "events")
     assert [r["step"] for r in report["recoveries"]] == [3, 4]
     assert report["verdict"] == "broken" and report["signature"] == "nonfinite"
     halts = [json.loads(line) for line in (out / "over_budget" / "events" / "events-rank1.jsonl").read_text().splitlines()]
@@ -83,7 +76,7 @@ def test_healthy_run_trains_exactly_as_without_lossguard(job):
     out, ranks = job
     for guarded, plain in zip(ranks["healthy"], ranks["plain"], strict=True):
         assert guarded["losses"] == plain["losses"] and all(guarded["commits"])
-    assert _analyze_json(out / "healthy" / "events")["recoveries"] == []
+    assert analyze_json(out / "healthy" / "events")["recoveries"] == []
 
 
 def test_every_rank_made_the_same_collectives(job):
@@ -99,7 +92,7 @@ def test_a_loss_jump_on_one_rank_is_held_on_both_and_the_run_goes_on(job):
         assert rank["grads_dropped"] == [True] and rank["halted_at"] is None
     jumped, other = ranks["jump"][1]["losses"][JUMP_STEP - 1], ranks["jump"][0]["losses"][JUMP_STEP - 1]
     assert jumped > 20 * other  # the fault really was there, and finite
-    report = _analyze_json(out / "jump" / "events")
+    report = analyze_json(out / "jump" / "events")
     assert [(r["step"], r["ranks"], r["kind"], r["signature"], r["code"]) for r in report["recoveries"]] == [
         (JUMP_STEP, [1], "held", "loss-spike", "LOSS006")]
     lines = [json.loads(line) for r in (0, 1)

@@ -4,15 +4,11 @@ trains exactly as without lossguard, nothing hangs."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.integration.live_helpers import SRC, run_job  # noqa: E402
+from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  # noqa: E402
 
 SCENARIOS = ["nan_weights", "lr_spike", "drift", "snap_healthy", "plain"]
 NAN_STEP, EVERY, STEPS = 5, 3, 12
@@ -22,7 +18,7 @@ NAN_STEP, EVERY, STEPS = 5, 3, 12
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("rollback")
     run_job("rollback_job.py", out, SCENARIOS, timeout_s=300)  # a hang fails here, at the timeout
-    ranks = {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)] for name in SCENARIOS}
+    ranks = rank_outputs(out, SCENARIOS)
     return out, ranks
 
 
@@ -38,10 +34,7 @@ def test_nan_weights_roll_back_on_both_ranks_and_the_run_finishes(job):
     # snapshots at steps 1, 4 (state before step 4): the rollback to step 4 undoes steps 4, 5 and holds 6;
     # steps 7.. train on: 12 - 3 steps applied; the scheduler was restored with the optimizer
     assert ranks["nan_weights"][0]["scheduler"] == STEPS - 3
-    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(out / "nan_weights" / "events"),
-                           "--format", "json"], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True,
-                          timeout=120)
-    recoveries = json.loads(proc.stdout)["recoveries"]
+    recoveries = analyze_json(out / "nan_weights" / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["ranks"], r["steps_lost"]) for r in recoveries] == [(fault, "rollback", [1], 3)]
 
 
@@ -58,10 +51,7 @@ def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_bac
     every rank rolls back to the snapshot before the bad step and trains on at the normal LR."""
     out, ranks = job
     spike = 24
-    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(out / "lr_spike" / "events"),
-                           "--format", "json"], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True,
-                          timeout=120)
-    recoveries = json.loads(proc.stdout)["recoveries"]
+    recoveries = analyze_json(out / "lr_spike" / "events")["recoveries"]
     # snapshots before steps 22 and 25 (every 3): 25 is the held step, so back to 22: 22, 23, 24 undone, 25 held
     assert [(r["step"], r["kind"], r["signature"], r["code"], r["steps_lost"]) for r in recoveries] == \
         [(spike + 1, "rollback", "loss-spike", "LOSS006", 4)]
@@ -75,10 +65,7 @@ def test_a_drifted_replica_is_rolled_back_to_the_last_snapshot_every_rank_holds_
     step is held, and every rank restores the snapshot taken before step 7, whose fingerprint every rank
     shares: the replicas agree again, bit for bit."""
     out, ranks = job
-    proc = subprocess.run([sys.executable, "-m", "lossguard", "analyze", str(out / "drift" / "events"),
-                           "--format", "json"], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True,
-                          timeout=120)
-    recoveries = json.loads(proc.stdout)["recoveries"]
+    recoveries = analyze_json(out / "drift" / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["ranks"], r["signature"], r["code"], r["steps_lost"]) for r in recoveries] == \
         [(8, "rollback", [1], "rank-desync", "RANK001", 2)]
     a, b = (torch.load(out / "drift" / f"rank{r}.pt") for r in (0, 1))
