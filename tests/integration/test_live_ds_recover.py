@@ -217,3 +217,12 @@ def test_a_drifted_replica_is_rolled_back_under_zero(job):
         [(8, "rollback", [1], "rank-desync", 2)]
     finals = [torch.load(out / "z1-drift" / f"final-rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert torch.equal(finals[0][0], finals[1][0])  # the 16-bit groups every replica holds agree again
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_rank_made_the_same_collectives(job, scenario):
+    """Held, replayed, scanned, rolled back or halted: every rank took the same collective path (counted at
+    torch.distributed, DeepSpeed's and lossguard's alike), so no rank waits in one the others skipped."""
+    ranks = job[1]
+    first, second = (ranks[scenario][r]["collectives"] for r in (0, 1))
+    assert first == second and sum(first.values()) > 0

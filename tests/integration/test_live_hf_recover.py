@@ -119,3 +119,12 @@ def test_a_micro_batch_with_every_label_masked_is_quarantined_without_a_replay(j
     lines = (out / "z1-masked" / "events" / "events-rank0.jsonl").read_text().splitlines()
     assert not any('"replay"' in line for line in lines if '"recovery"' in line)  # no replay was run
     assert all(rank["global_step"] == 8 and rank["halted_at"] is None for rank in ranks["z1-masked"])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_rank_made_the_same_collectives(job, scenario):
+    """Held, replayed, scanned, rolled back or halted: every rank took the same collective path (counted at
+    torch.distributed, DeepSpeed's and lossguard's alike), so no rank waits in one the others skipped."""
+    ranks = job[1]
+    first, second = (ranks[scenario][r]["collectives"] for r in (0, 1))
+    assert first == second and sum(first.values()) > 0

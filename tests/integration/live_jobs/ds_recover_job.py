@@ -110,6 +110,7 @@ def run(out_dir: str, name: str) -> None:
     import lossguard
 
     stage, case, bf16 = int(name[1]), name[3:].removesuffix("-bf16"), name.endswith("-bf16")
+    counted = tiny.count_collectives()  # every rank must make the same collectives: counted from here
     rank = tiny.rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
@@ -167,7 +168,8 @@ def run(out_dir: str, name: str) -> None:
     torch.save(shard_state(engine)["params"], os.path.join(work, f"final-rank{rank}.pt"))
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
         json.dump({"losses": losses, "held": held, "halted_at": halted, "global_steps": engine.global_steps,
-                   "skipped_steps": engine.skipped_steps, "seen_poison": seen}, fh)
+                   "skipped_steps": engine.skipped_steps, "seen_poison": seen,
+                   "collectives": tiny.collectives_since(counted)}, fh)
     if rank == 0:
         findings = [f.to_dict() for f in guard.monitor._emitted] if guard is not None else []
         with open(os.path.join(work, "summary.json"), "w") as fh:

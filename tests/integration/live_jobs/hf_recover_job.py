@@ -61,6 +61,7 @@ def run(out_dir: str, name: str) -> None:
     from lossguard.monitor.adapters.hf import find_deepspeed_engine
 
     stack, case = name.split("-", 1)
+    counted = tiny.count_collectives()  # every rank must make the same collectives: counted from here
     rank = tiny.rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
@@ -133,7 +134,8 @@ def run(out_dir: str, name: str) -> None:
     trainer.train()
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
         json.dump({"losses": [losses[s] for s in sorted(losses)], "global_step": trainer.state.global_step,
-                   "halted_at": guard.monitor.halted_at if guard else None, "seen_poison": now["seen"]}, fh)
+                   "halted_at": guard.monitor.halted_at if guard else None, "seen_poison": now["seen"],
+                   "collectives": tiny.collectives_since(counted)}, fh)
     if rank == 0:
         logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         findings = [f.to_dict() for f in guard.monitor._emitted] if guard else []

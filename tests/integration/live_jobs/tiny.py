@@ -100,3 +100,31 @@ def run_scenarios(run) -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+COLLECTIVES: dict[str, int] = {}  # torch.distributed calls made in this process, by name
+
+
+def count_collectives() -> dict[str, int]:
+    """Count every call to torch.distributed's collectives from now on (DeepSpeed's communication and
+    lossguard's exchange go through them), so a job can show each rank made the same ones. Returns a copy
+    of the counts so far (take one before and after a scenario)."""
+    import torch.distributed as dist
+
+    for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                 "broadcast", "all_gather_object", "gather_object", "barrier", "all_to_all_single", "gather"):
+        fn = getattr(dist, name, None)
+        if fn is None or getattr(fn, "lossguard_counted", False):
+            continue
+
+        def counted(*args, _fn=fn, _name=name, **kwargs):
+            COLLECTIVES[_name] = COLLECTIVES.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+
+        counted.lossguard_counted = True
+        setattr(dist, name, counted)
+    return dict(COLLECTIVES)
+
+
+def collectives_since(before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in COLLECTIVES.items() if v - before.get(k, 0)}
