@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 2 ds_recover_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
-Scenario names: zSTAGE-CASE[-bf16], CASE one of
+Scenario names: zSTAGE-CASE[-bf16|-fp16], CASE one of
   nan_once     rank 1's loss is NaN at step NAN_STEP (replay off): the step is held on both ranks;
   masked       rank 1's labels are all -100 at step NAN_STEP (recover=True): quarantined without a replay;
   over_budget  rank 1's loss is NaN at steps 3, 4, 5 with a budget of 2 (replay off): halts at 5 with a
@@ -109,12 +109,13 @@ def run(out_dir: str, name: str) -> None:
 
     import lossguard
 
-    stage, case, bf16 = int(name[1]), name[3:].removesuffix("-bf16"), name.endswith("-bf16")
+    stage, case = int(name[1]), name[3:].removesuffix("-bf16").removesuffix("-fp16")
+    bf16, fp16 = name.endswith("-bf16"), name.endswith("-fp16")
     counted = tiny.count_collectives()  # every rank must make the same collectives: counted from here
     rank = tiny.rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
-    config = tiny.ds_config(stage, bf16=bf16, **({"check_grad_overflow": False} if bf16 else {}))
+    config = tiny.ds_config(stage, bf16=bf16, fp16=fp16, **({"check_grad_overflow": False} if bf16 else {}))
     model = model_for(case)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     guard = None
