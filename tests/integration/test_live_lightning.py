@@ -80,3 +80,48 @@ def test_exit_code_on_halt_ends_every_rank_and_torchrun_fails(lightning_runs):
     assert returncode != 0, log[-3000:]
     assert "exitcode  : 3" in log
     assert log.count("lossguard: exiting with status 3") == 1  # rank 0 says it
+
+
+@pytest.fixture(scope="module")
+def recover_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lightning_recover")
+    scenarios = ["recover", "recover_healthy", "plain"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                           str(free_port()), str(JOBS / "lightning_job.py"), str(out), *scenarios],
+                          env=env, capture_output=True, text=True, timeout=300)  # a hang fails here
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return out, {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)]
+                 for name in scenarios}
+
+
+def test_recover_holds_a_nan_step_on_both_ranks_and_leaves_the_state_as_it_was(recover_runs):
+    import torch
+
+    out, ranks = recover_runs
+    for rank in ranks["recover"]:
+        assert rank["halted_at"] is None and rank["global_step"] == 8  # Lightning counts the held step
+    for r in (0, 1):
+        before = torch.load(out / "recover" / f"before-rank{r}.pt", weights_only=False)
+        after = torch.load(out / "recover" / f"after-rank{r}.pt", weights_only=False)
+        for key, value in before["model"].items():
+            assert torch.equal(value, after["model"][key]), key
+        assert before["scheduler"] == after["scheduler"]  # the step-interval scheduler did not step
+        old, new = before["optimizer"]["state"], after["optimizer"]["state"]
+        assert old.keys() == new.keys() and old
+        for index, moments in old.items():  # AdamW's moments and step count, bit for bit
+            for name, value in moments.items():
+                assert torch.equal(value, new[index][name]), (index, name)
+    lines = [json.loads(x) for x in (out / "recover" / "events" / "events-rank0.jsonl").read_text().splitlines()]
+    recoveries = [x for x in lines if x["type"] == "recovery"]
+    assert [(x["step"], x["ranks"], x["kind"], x["signature"]) for x in recoveries] == \
+        [(FAULT_STEP, [1], "held", "nonfinite")]
+
+
+def test_recover_on_a_healthy_run_trains_exactly_as_without_lossguard(recover_runs):
+    _, ranks = recover_runs
+    for r in (0, 1):
+        assert ranks["recover_healthy"][r]["losses"] == ranks["plain"][r]["losses"]
+        assert len(ranks["plain"][r]["losses"]) == 8
+    assert all(rank["halted_at"] is None for rank in ranks["recover_healthy"])

@@ -11,7 +11,6 @@ from lossguard.monitor.options import (
     GuardOptions,
     OptionError,
     RecoverOptions,
-    refuse_recover,
 )
 
 
@@ -40,12 +39,6 @@ def test_bad_recover_options(kwargs, said):
     with pytest.raises(OptionError) as info:
         RecoverOptions(**kwargs)
     assert said in str(info.value)
-
-
-def test_entry_points_without_a_gate_refuse_recover():
-    refuse_recover(GuardOptions(), "LossguardLightningCallback")
-    with pytest.raises(OptionError, match="not supported by LossguardLightningCallback"):
-        refuse_recover(GuardOptions(recover=True), "LossguardLightningCallback")
 
 
 def _events(path, lines):

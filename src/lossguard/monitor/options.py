@@ -153,15 +153,6 @@ class GuardOptions:
         return RecoverOptions() if self.recover else None
 
 
-def refuse_recover(options: GuardOptions, entry: str) -> None:
-    """The entry points that cannot hold a step yet refuse `recover` at once rather than ignore it."""
-    if options.recovery is not None:
-        raise OptionError(f"lossguard: recover={options.recover!r} is not supported by {entry} yet; in this "
-                          "version lossguard.Guard(...).commit(...) (a plain PyTorch / DDP loop), "
-                          "lossguard.attach(engine) (DeepSpeed) and LossguardCallback (transformers.Trainer) "
-                          "hold steps. Remove `recover` here, or drive the loop with one of those")
-
-
 def halt_rules(halt_on: Any) -> list[tuple[str, Any]]:
     """`halt_on` as ("severity", Severity) / ("verdict", rank) / ("signature", id) / ("code", code) rules."""
     if halt_on is None:

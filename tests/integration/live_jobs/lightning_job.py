@@ -4,8 +4,11 @@
 
 `healthy`: a learnable run, 8 steps. `nan`: rank 1's loss is NaN at step 4; `min_steps=8` would keep a run that
 only sets `should_stop` going; the guard checkpoints and stops, then exits with status 3
-(`exit_code_on_halt`), so it must come last. Each rank writes OUT_DIR/SCENARIO/rank{r}.json in a `finally`,
-with the SystemExit code it saw, if any.
+(`exit_code_on_halt`), so it must come last. `recover`: the same NaN with `recover=True`: held on both ranks,
+the run trains on; `recover_healthy` / `plain`: recover=True without a fault / no guard at all. Each rank
+writes OUT_DIR/SCENARIO/rank{r}.json in a `finally`, with the SystemExit code it saw, if any, and the losses
+`training_step` returned; in `recover`, its model, optimizer and scheduler state as step 4 began and as
+step 5 began (before-rank{r}.pt, after-rank{r}.pt).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def module(scenario: str):
 
         def training_step(self, batch, batch_idx):
             loss = self.model(**batch).loss
-            if scenario == "nan" and tiny.rank() == 1 and self.trainer.global_step + 1 == FAULT_STEP:
+            if scenario in ("nan", "recover") and tiny.rank() == 1 and self.trainer.global_step + 1 == FAULT_STEP:
                 loss = loss * float("nan")
             return loss
 
@@ -54,10 +57,27 @@ def run(out_dir: str, scenario: str) -> None:
 
     work = os.path.join(out_dir, scenario)
     os.makedirs(work, exist_ok=True)
-    guard = LossguardLightningCallback(events_dir=os.path.join(work, "events"), halt_on="warning",
-                                       fingerprint_every=1, halt_checkpoint_dir=os.path.join(work, "ckpt"),
-                                       exit_code_on_halt=3 if scenario == "nan" else None)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=8, callbacks=[guard],
+    recover = scenario.startswith("recover")
+    guard = LossguardLightningCallback(events_dir=os.path.join(work, "events"), halt_on="warning" if not recover
+                                       else "error", fingerprint_every=1,
+                                       halt_checkpoint_dir=os.path.join(work, "ckpt"),
+                                       exit_code_on_halt=3 if scenario == "nan" else None, recover=recover)
+    losses: list[float] = []
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if scenario == "recover" and trainer.global_step in (FAULT_STEP - 1, FAULT_STEP):
+                scheduler = trainer.lr_scheduler_configs[0].scheduler
+                state = {"model": {k: v.clone() for k, v in pl_module.state_dict().items()},
+                         "optimizer": trainer.optimizers[0].state_dict(), "scheduler": scheduler.state_dict()}
+                when = "before" if trainer.global_step == FAULT_STEP - 1 else "after"
+                torch.save(state, os.path.join(work, f"{when}-rank{tiny.rank()}.pt"))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"]))
+
+    callbacks = [Probe()] + ([] if scenario == "plain" else [guard])
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=8, callbacks=callbacks,
                         gradient_clip_val=CLIP, min_steps=8 if scenario == "nan" else None, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     exit_code = None
@@ -68,7 +88,7 @@ def run(out_dir: str, scenario: str) -> None:
         raise
     finally:
         monitor = guard.guard.monitor if guard.guard else None
-        summary = {"scenario": scenario, "rank": tiny.rank(), "exit_code": exit_code,
+        summary = {"scenario": scenario, "rank": tiny.rank(), "exit_code": exit_code, "losses": losses,
                    "halted_at": guard.halted_at, "global_step": trainer.global_step,
                    "checkpoint": guard.checkpoint_path,
                    "findings": [f.to_dict() for f in monitor._emitted] if monitor else []}

@@ -14,6 +14,11 @@ A `Guard` driven by three hooks, in the order Lightning 2.x calls them for one o
 
 The grad norm is that of the gradients in `.grad` (DDP, single device); under a sharded strategy (FSDP,
 DeepSpeed) it is the rank's shard.
+
+`recover=True` (lightning_gate.py): the step ends in `on_before_optimizer_step` instead, through
+`Guard.commit`, with each micro-batch's loss read in `on_before_backward`; a held step's gradients are set
+to None (the optimizer then updates nothing and counts no step) and the step-interval LR schedulers do not
+step; Lightning still counts the step (`global_step`).
 """
 
 from __future__ import annotations
@@ -26,14 +31,15 @@ import torch
 from lightning.pytorch import Callback
 
 from lossguard.monitor import tensors
+from lossguard.monitor.adapters import lightning_gate
 from lossguard.monitor.guard import Guard, LossguardHalt, exit_after_halt
-from lossguard.monitor.options import GuardOptions, refuse_recover
+from lossguard.monitor.options import GuardOptions
 
 
 class LossguardLightningCallback(Callback):
     def __init__(self, *, halt_checkpoint_dir: str | os.PathLike | None = None, **options: Any) -> None:
         self.options = GuardOptions(**options)
-        refuse_recover(self.options, "LossguardLightningCallback")
+        self.gate = lightning_gate.Gate(self) if self.options.recovery is not None else None
         self.halt_checkpoint_dir = None if halt_checkpoint_dir is None else os.fspath(halt_checkpoint_dir)
         self.guard: Guard | None = None
         self.checkpoint_path: str | None = None  # written at the halt
@@ -51,6 +57,16 @@ class LossguardLightningCallback(Callback):
         self.guard = Guard.for_entry(pl_module, optimizer, self.options, facts=_lightning_facts(trainer),
                                      entry="lightning")
         self._last_step = trainer.global_step
+        if self.gate is not None:
+            self.gate.start(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.gate is not None:
+            self.gate.batch = batch
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if self.gate is not None and self.guard is not None:
+            self.gate.observe(trainer, pl_module, loss)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.guard is None or self.guard.monitor.disabled:
@@ -60,9 +76,18 @@ class LossguardLightningCallback(Callback):
             self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
         except Exception:
             self._grad_norm, self._lrs = None, None
+        if self.gate is not None:
+            grad_norm, lrs, self._grad_norm, self._lrs = self._grad_norm, self._lrs, None, None
+            self.gate.commit(trainer, optimizer, grad_norm, lrs)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.guard is None:
+            return
+        if self.gate is not None:  # the step ended at the gate, before it was applied
+            self._last_step = trainer.global_step
+            halted = self.gate.end()
+            if halted is not None:
+                self._halt(trainer, halted)
             return
         self.guard.observe(loss=_batch_loss(outputs, trainer, pl_module), batch=batch)
         step = trainer.global_step
