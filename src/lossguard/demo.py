@@ -1,4 +1,5 @@
-"""`lossguard demo`: a real tiny DeepSpeed run dies, is caught live, diagnosed, and its fix is run.
+"""`lossguard demo`: a real tiny DeepSpeed run dies, is caught live, diagnosed, its fix is run, and it is run
+again with recovery on (it finishes, and says what was recovered).
 
 Everything is real: a 2-layer GPT-2 from the fault-zoo kit trains with DeepSpeed on two CPU ranks over
 gloo, the fault is a real mechanism (e.g. one infinite loss under bf16 ZeRO-2 with

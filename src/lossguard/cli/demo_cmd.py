@@ -18,9 +18,11 @@ from lossguard.cli.options import warn_stale_build_locks
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where the runs, events, checkpoint and report go (default: a new temporary directory).")
 def demo(scenario: str | None, list_only: bool, out_dir: str | None) -> None:
-    """Run a real tiny DeepSpeed job that dies, catch it live, diagnose it, and run the fix.
+    """Run a real tiny DeepSpeed job that dies, catch it live, diagnose it, run the fix, and recover it.
 
-    Two CPU ranks over gloo, a 2-layer GPT-2, DeepSpeed + transformers.Trainer; about a minute.
+    Two CPU ranks over gloo, a 2-layer GPT-2, DeepSpeed + transformers.Trainer; about a minute. The fourth
+    act runs the dying job again with the Trainer callback's recover=True: the bad step is held on every
+    rank, the run finishes, and the report says what was recovered.
     """
     try:
         from lossguard import demo as demos

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "lint": ("lossguard.cli.lint_cmd", "lint", "Check a DeepSpeed config, training arguments and versions before a run."),
     "rules": ("lossguard.cli.lint_cmd", "rules", "List the lint rules: code, name, severity, fix, summary."),
     "env": ("lossguard.cli.lint_cmd", "env", "Print package versions and GPU facts to paste into an issue."),
-    "demo": ("lossguard.cli.demo_cmd", "demo", "Run a real tiny DeepSpeed job that dies, catch it, diagnose it, run the fix."),
+    "demo": ("lossguard.cli.demo_cmd", "demo", "Run a real tiny DeepSpeed job that dies, catch it, diagnose it, run the fix, recover it."),
 }
 
 
