@@ -165,7 +165,8 @@ class EngineGate:
         source = self.replay_from
         run = lambda: run_step(*args, **kwargs)  # noqa: E731
         ops = ds_replay.DeepSpeedOps(self.engine, run, source)
-        replayer = replay.Replayer(self.monitor, None, source.quarantine, ops=ops, defer_jump=self.ring is not None)
+        replayer = replay.Replayer(self.monitor, None, source.capture.held, ops=ops,
+                                   defer_jump=self.ring is not None)
         try:
             ok = replayer.classify(hold, source.capture.batch, source.forward, source.capture.rng)
         except Exception as exc:  # past the errors `classify` shares: report, hold the step
@@ -194,7 +195,7 @@ class Attachment:
         self.quarantine = quarantine.Quarantine(options.events_dir)
         self.capture = ds_replay.Capture(self.quarantine) if self.monitor.gate is not None else None
         self.gate = EngineGate(engine, self.monitor, lambda: engine.global_steps + 1,
-                               ds_replay.raw_source(engine, self.capture, self.quarantine, engine.backward)) \
+                               ds_replay.raw_source(engine, self.capture, engine.backward)) \
             if self.monitor.gate is not None else None
         self._labels: list[Any] = []
         self._hook = module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lossguard.monitor.adapters.instance import noop_step, shadow
+
 _COUNTERS = ("skipped_steps", "_global_grad_norm")
 
 
@@ -51,37 +53,19 @@ def _force_overflow(optimizer: Any) -> Callable[[], None]:
         def _update_scale(*args: Any, **kwargs: Any) -> None:
             optimizer.overflow = True  # the optimizer's own overflow branch follows; the scale stays as it is
 
-        return _shadow(optimizer, "_update_scale", _update_scale)
+        return shadow(optimizer, "_update_scale", _update_scale)
     if hasattr(optimizer, "clear_hp_grads") and hasattr(optimizer, "clear_lp_grads"):
         def bf16_step(*args: Any, **kwargs: Any) -> None:
             optimizer.overflow = True
             optimizer.clear_hp_grads()
             optimizer.clear_lp_grads()
 
-        return _shadow(optimizer, "step", bf16_step)
-    had_flag, flag = "overflow" in vars(optimizer), getattr(optimizer, "overflow", None)
-    optimizer.overflow = True
-    undo_step = _shadow(optimizer, "step", lambda *args, **kwargs: None)
+        return shadow(optimizer, "step", bf16_step)
+    undo_flag, undo_step = shadow(optimizer, "overflow", True), noop_step(optimizer)
 
     def undo() -> None:
         undo_step()
-        if had_flag:
-            optimizer.overflow = flag
-        else:
-            del optimizer.overflow
-
-    return undo
-
-
-def _shadow(obj: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
-    had, previous = name in vars(obj), vars(obj).get(name)
-    setattr(obj, name, replacement)
-
-    def undo() -> None:
-        if had:
-            setattr(obj, name, previous)
-        else:
-            delattr(obj, name)
+        undo_flag()
 
     return undo
 

@@ -16,7 +16,8 @@ forwards on every rank (`symmetric_scan`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,15 @@ class Capture:
         self.rng = replay.capture_rng()
         return (args, changed) if changed is not None else None
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The replay's own forwards (and the scan's): neither captured nor measured as the step's."""
+        self.off = True
+        try:
+            yield
+        finally:
+            self.off = False
+
     def ready(self) -> bool:
         return self.forwards == 1 and self.batch is not None
 
@@ -63,42 +73,37 @@ class Capture:
 class Source:
     """Where a replay under DeepSpeed gets its batch and how it recomputes it."""
 
-    capture: Capture
-    quarantine: Quarantine
+    capture: Capture  # its `held`: the quarantine the replay's `sample` verdict adds to
     forward: Callable[[dict[str, Any]], torch.Tensor]  # a batch -> its loss
     backward: Callable[[torch.Tensor], Any]  # that loss -> the gradients (a no-op where `forward` ran it)
     scan: Callable[[dict[str, Any]], torch.Tensor]  # one sample -> its loss, under no_grad
 
 
-def raw_source(engine: Any, capture: Capture, held: Quarantine, backward: Callable[[Any], Any]) -> Source:
+def raw_source(engine: Any, capture: Capture, backward: Callable[[Any], Any]) -> Source:
     """`attach`: the engine called again as the loop called it; its own `backward`."""
     forward = forward_of(engine, capture)
-    return Source(capture, held, forward, backward, forward)
+    return Source(capture, forward, backward, forward)
 
 
-def trainer_source(trainer: Any, capture: Capture, held: Quarantine, replaying: Callable[[bool], None]) -> Source:
+def trainer_source(trainer: Any, capture: Capture, replaying: Callable[[bool], None]) -> Source:
     """The Trainer under DeepSpeed: the Trainer's own `training_step` on the captured inputs, which repeats
     every transformation between the model's loss and `backward` (its `num_items_in_batch` scaling, the
     gradient-accumulation division) and runs the backward itself; `replaying(True)` makes the engine's
     `step()` that it ends with a no-op (the gate decides the step). The scan calls the model directly."""
     def forward(batch: dict[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
-        capture.off = True
         replaying(True)
         try:
-            return trainer.training_step(trainer.model_wrapped, inputs, batch.get("num_items_in_batch"))
+            with capture.paused():
+                return trainer.training_step(trainer.model_wrapped, inputs, batch.get("num_items_in_batch"))
         finally:
             replaying(False)
-            capture.off = False
 
     def scan(batch: dict[str, Any]) -> torch.Tensor:
-        capture.off = True
-        try:
+        with capture.paused():
             return tensors.output_loss(trainer.model(**batch))
-        finally:
-            capture.off = False
 
-    return Source(capture, held, forward, lambda loss: None, scan)
+    return Source(capture, forward, lambda loss: None, scan)
 
 
 class DeepSpeedOps(replay.Ops):
@@ -125,11 +130,8 @@ class DeepSpeedOps(replay.Ops):
 def forward_of(engine: Any, capture: Capture) -> Callable[[dict[str, Any]], torch.Tensor]:
     """The replay's forward: the engine called as the loop called it, its output's loss."""
     def forward(batch: dict[str, Any]) -> torch.Tensor:
-        capture.off = True
-        try:
+        with capture.paused():
             loss = tensors.output_loss(engine(**batch), detach=False)
-        finally:
-            capture.off = False
         if loss is None:
             raise ValueError("the model's output carries no loss: the step cannot be replayed")
         return loss

@@ -36,7 +36,7 @@ class LossguardCallback(TrainerCallback):
     def __init__(self, **options: Any) -> None:
         self.options = GuardOptions(**options)
         self.monitor: Monitor | None = None
-        self.gate: Any = None  # recover: EngineGate under DeepSpeed, TrainerGate otherwise (hf_gate.py)
+        self.gate: Any = None  # recover: DeepSpeedGate under DeepSpeed, TrainerGate otherwise (hf_gate.py)
         self.engine: Any = None
         self._hook = None
         self._skipped = 0

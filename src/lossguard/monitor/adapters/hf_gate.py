@@ -28,6 +28,7 @@ from typing import Any
 from lossguard.monitor import quarantine, tensors
 from lossguard.monitor.adapters import ds_replay
 from lossguard.monitor.adapters.deepspeed import EngineGate
+from lossguard.monitor.adapters.instance import noop_step
 from lossguard.monitor.options import OptionError
 
 
@@ -45,7 +46,7 @@ class TrainerGate:
         lrs = [float(g["lr"]) for g in optimizer.param_groups] if optimizer is not None else None
         halt = monitor.end_step(state.global_step + 1, grad_norm=self.callback._grad_norm, lrs=lrs, gating=True)
         if halt or monitor.held is not None:
-            self._undo = [_noop_step(owner) for owner in (optimizer, scheduler) if owner is not None]
+            self._undo = [noop_step(owner) for owner in (optimizer, scheduler) if owner is not None]
         self.halt = self.halt or halt
 
     def after_step(self) -> None:
@@ -68,11 +69,10 @@ class DeepSpeedGate:
         self._hook = None
         source = None
         if trainer is not None and callback.options.recovery.replay:
-            held = quarantine.Quarantine(callback.options.events_dir)
-            self.capture = ds_replay.Capture(held)
+            self.capture = ds_replay.Capture(quarantine.Quarantine(callback.options.events_dir))
             self._hook = tensors.unwrap_model(engine.module).register_forward_pre_hook(
                 self.capture.record, with_kwargs=True)
-            source = ds_replay.trainer_source(trainer, self.capture, held, self._set_replaying)
+            source = ds_replay.trainer_source(trainer, self.capture, self._set_replaying)
         # the LR scheduler a snapshot holds: the engine's, else the Trainer's own (stepped by the Trainer)
         scheduler = lambda: engine.lr_scheduler or getattr(trainer, "lr_scheduler", None)  # noqa: E731
         self.gate = EngineGate(engine, callback.monitor, lambda: state.global_step + 1, source, scheduler)
@@ -125,17 +125,3 @@ def end(gate: Any) -> bool:
 def stop(gate: Any) -> None:
     if isinstance(gate, DeepSpeedGate):
         gate.stop()
-
-
-def _noop_step(owner: Any) -> Callable[[], None]:
-    """Shadow `owner.step` with a no-op on the instance for one step; the function that puts it back."""
-    had, previous = "step" in vars(owner), vars(owner).get("step")
-    owner.step = lambda *args, **kwargs: None
-
-    def undo() -> None:
-        if had:
-            owner.step = previous
-        else:
-            del owner.step
-
-    return undo

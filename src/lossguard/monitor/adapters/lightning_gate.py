@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lossguard.monitor.adapters.instance import noop_step
 from lossguard.monitor.guard import LossguardHalt
 
 
@@ -57,7 +58,7 @@ class Gate:
                 param.grad = None  # the halt holds the step too
             self._halt_at, ok = step, False
         if not ok:
-            self._undo = [_noop_step(s) for s in self._schedulers]
+            self._undo = [noop_step(s) for s in self._schedulers]
 
     def end(self) -> int | None:
         """At the batch's end: put back what a held step shadowed; the step to halt at, if any."""
@@ -66,16 +67,3 @@ class Gate:
         self._undo = []
         halt, self._halt_at = self._halt_at, None
         return halt
-
-
-def _noop_step(owner: Any) -> Callable[[], None]:
-    had, previous = "step" in vars(owner), vars(owner).get("step")
-    owner.step = lambda *args, **kwargs: None
-
-    def undo() -> None:
-        if had:
-            owner.step = previous
-        else:
-            del owner.step
-
-    return undo
