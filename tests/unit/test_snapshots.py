@@ -17,11 +17,16 @@ def _train(model, optimizer, scheduler, steps):
         optimizer.zero_grad()
 
 
-def test_restore_is_bit_equal_and_the_snapshot_survives_training():
+def _linear():
+    """A seeded linear model with Adam and a step scheduler: what each ring test trains."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+
+def test_restore_is_bit_equal_and_the_snapshot_survives_training():
+    model, optimizer, scheduler = _linear()
     ring = Ring(every=2, keep=2)
     _train(model, optimizer, scheduler, 3)
     ring.take(4, 3, model, optimizer, scheduler)
@@ -79,10 +84,7 @@ def _pointers(snap):
 
 
 def test_a_full_ring_copies_into_the_oldest_slot_and_restores_from_it_bit_for_bit():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    model, optimizer, scheduler = _linear()
     ring = Ring(every=1, keep=2)
     _train(model, optimizer, scheduler, 1)  # Adam's moments exist from here on: the layout stays
     first = ring.take(2, 1, model, optimizer, scheduler)
@@ -102,10 +104,7 @@ def test_a_full_ring_copies_into_the_oldest_slot_and_restores_from_it_bit_for_bi
 
 
 def test_a_slot_whose_layout_changed_gets_new_buffers():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    model, optimizer, scheduler = _linear()
     ring = Ring(every=1, keep=1)
     before = ring.take(1, 0, model, optimizer, scheduler)  # Adam has no state before its first step
     assert before.optimizer["state"] == {} and before.size == 8 * 4
