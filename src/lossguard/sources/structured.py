@@ -14,6 +14,7 @@ from lossguard.core.records import EVAL, EVENT, TRAIN, Record
 from lossguard.core.signals import to_float
 from lossguard.sources import patterns as P
 from lossguard.sources.base import JSON, JSON_ERRORS, SourceError
+from lossguard.sources.paste import unwrap
 from lossguard.sources.scan import ScanCounts, bounded_lines
 from lossguard.sources.vocabulary import is_step, meaning, put_loss, row_step
 
@@ -75,12 +76,13 @@ class TrainerStateSource:
     def sniff(self, path: Path, head: bytes) -> bool:
         if b'"log_history"' in head and head.lstrip()[:1] == b"{":
             return True
-        return _pasted_json(head) is not None
+        # quoted or folded in an issue: its markers come off first
+        return _pasted_json(unwrap(head.decode("utf-8", "replace")).encode()) is not None
 
     def parse(self, path: Path) -> Iterator[Record]:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = unwrap(path.read_text(encoding="utf-8", errors="replace"))
         try:
-            state = JSON.decode(_unfenced(text))
+            state = JSON.decode(text)
         except JSON_ERRORS as exc:
             history = _complete_entries(text)
             if not history:
@@ -110,15 +112,6 @@ def _pasted_json(head: bytes) -> re.Match | None:
         return None
     first_entry = head[: head.find(b"}", match.end())]  # (the whole head if no entry closes in it)
     return match if b'"log_history"' in head or b'"step":' in first_entry else None
-
-
-def _unfenced(text: str) -> str:
-    """The JSON of a paste inside a markdown code fence (```json ... ```)."""
-    stripped = text.strip()
-    if stripped.startswith("```"):
-        stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
-        stripped = stripped.rsplit("```", 1)[0]
-    return stripped
 
 
 def _complete_entries(text: str) -> list[dict]:
