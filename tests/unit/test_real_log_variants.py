@@ -2,7 +2,8 @@
 capturing or pasting it could have (bench/log_variants.py: launcher / logger prefixes, GitHub paste remnants,
 CRLF, colour codes, trailing spaces, tabs, noise lines, a cut head, per-node copies, transformers-5 quoting)
 keeps the outcome of its base case: where the unrewritten log gets a verdict and signature its label accepts
-(the acceptance rule of bench/real_logs.py), every rewrite of it must too. A case whose own log is not yet
+(the acceptance rule of bench/real_logs.py), every rewrite of it must too, and where its first cause is one
+the label's cause_ids accept, the rewrite's first cause must be too. A case whose own log is not yet
 accepted guards nothing and is skipped with that reason, so the test grows as cases come to pass (for a
 mechanism's reason, never by a list). A rewrite that would change what a given log says is skipped, with the
 reason. Skips when the set is absent."""
@@ -72,3 +73,5 @@ def test_a_meaning_preserving_rewrite_keeps_its_base_cases_accepted_outcome(benc
     assert variant.verdict is not None, variant.refusal
     assert (variant.verdict_ok, variant.signature_ok) == (True, True), (variant.verdict, variant.signature,
                                                                         label)
+    if base.strict_cause_ok:  # the first cause the thread established is kept too
+        assert variant.strict_cause_ok, (variant.top_cause, label["cause_ids"])
