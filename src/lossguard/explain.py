@@ -9,7 +9,6 @@ from lossguard.detectors import registered
 from lossguard.diagnose.catalog import CAUSES
 from lossguard.diagnose.signatures import SIGNATURES
 from lossguard.knowledge import ISSUES, KnownIssue, get_issue
-from lossguard.knowledge.conditions import NoneKnown
 
 FORMATS = """\
 Formats `lossguard analyze` reads (auto-detected per file; per line inside text logs, mixed allowed):
@@ -160,12 +159,6 @@ def _signature(sig: str) -> str:
     return "\n".join(lines)
 
 
-def _role(condition) -> str:
-    if condition.supports:
-        return "for"
-    return "not shown" if isinstance(condition.subject, NoneKnown) else "against"
-
-
 def known_issue(issue: KnownIssue) -> str:
     """One known issue as `lossguard explain ID` and docs/causes.md show it."""
     lines = [f"{issue.id}: {issue.title}", "", f"mechanism: {issue.mechanism}"]
@@ -178,12 +171,12 @@ def known_issue(issue: KnownIssue) -> str:
     rule = next((c for c in CAUSES if c.id == issue.id), None)
     if rule is not None:
         lines.append("ranked for: " + ", ".join(f"{sig} (prior {p:.2f})" for sig, p in rule.priors.items()))
-        lines += [f"  shown by (x{c.factor:g}, can make it likely): {c.describe()}" for c in rule.shown_by]
-        lines += [f"  ruled out by (x{c.factor:g}, makes it unlikely): {c.describe()}" for c in rule.ruled_out_by]
-        lines += [f"  {_role(c)} (x{c.factor:g}): {c.describe()}" for c in rule.conditions]
-        if rule.decide:
-            lines.append(f"  when none of the deciding facts is known it is at most possible; what decides: "
-                         f"{rule.decide}")
+        lines.append("what its mechanism predicts (how often a run with this cause shows each fact; a cause "
+                     "that says nothing shows it as runs in general do):")
+        lines += [f"  {level.word:6s}  {clue.describe()}" for clue, level in rule.predicts]
+        lines.append("  a known fact it predicts while its rivals rarely do can make it likely; a fact against "
+                     "an 'always' or for a 'never' makes it unlikely")
+        lines += [f"  what would decide: {ask.text}" for ask in rule.asks]
     rules = [r.code for r in _lint_rules() if issue.id in getattr(r, "issues", ())]
     if rules:
         lines.append("lint rules: " + ", ".join(rules))

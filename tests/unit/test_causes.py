@@ -40,13 +40,23 @@ SCENARIOS = {
     "scheduler-not-stepping": ("lr-zero", RunEvidence(facts={"bf16": True}, events={"lr-before-step": 1})),
     "lr-too-small": ("not-learning", RunEvidence()),
     "weights-not-updating": ("not-learning", RunEvidence(fired={"LR001"})),
-    "label-leakage": ("memorization", RunEvidence(measured={("LOSS007", "eval_ratio"): 0.2})),
+    "label-leakage": ("memorization", RunEvidence(measured={("LOSS007", "eval_ratio"): 0.02})),
     "benign-memorization": ("memorization", RunEvidence(measured={("LOSS007", "eval_ratio"): 1.4})),
     "replica-divergence": ("rank-desync", RunEvidence()),
     "numerical-nan": ("nonfinite", RunEvidence(facts={"fp16": True})),
-    "eval-batch-nan": ("nonfinite", RunEvidence(measured={("LOSS001", "on_eval"): 1})),
-    "rl-zero-advantage": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 1})),
-    "rl-update-lost": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 0})),
+    "eval-batch-nan": ("nonfinite", RunEvidence(measured={("LOSS001", "on_eval"): 1}, train_losses_finite=True)),
+    "rl-zero-advantage": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 1},
+                                                      columns=frozenset({"reward_std", "kl"}))),
+    "rl-update-lost": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 0},
+                                                   columns=frozenset({"reward_std", "kl"}),
+                                                   facts={"gradient_checkpointing": False})),
+}
+# Causes no log fact tells from a rival: they are ranked, but never first. Each says what would decide.
+NOT_FIRST_FROM_LOGS = {
+    "rl-update-lost": "rewards that vary beside a zero gradient say the update was lost, not where: a LoRA adapter "
+                      "without input gradients or parameters outside the optimizer lose it the same way",
+    "truncation-cuts-answers": "TRL's 'Could not find response key' is printed for a template mismatch too; only "
+                               "the tokenized lengths against max_length tell them apart, and no log shows them",
 }
 
 
@@ -58,11 +68,15 @@ def test_every_cause_has_a_scenario():
 def test_each_cause_ranks_first_on_evidence_built_for_it(cause_id):
     signature, run = SCENARIOS[cause_id]
     ranked = rank_causes(signature, run)
+    if cause_id in NOT_FIRST_FROM_LOGS:
+        cause = next(c for c in ranked if c.id == cause_id)  # ranked, never ruled out, but not first
+        assert cause.likelihood == "possible", cause
+        return
     assert ranked[0].id == cause_id, [(c.id, round(c.confidence, 3)) for c in ranked]
 
 
 def _conditions():
-    return [c for rule in CAUSES for c in rule.conditions]
+    return [clue for rule in CAUSES for clue, _ in rule.predicts]
 
 
 def test_conditions_name_detectors_that_exist():
@@ -72,8 +86,8 @@ def test_conditions_name_detectors_that_exist():
 
 
 def _live_events() -> set[str]:
-    """Event names the live monitor emits (monitor/core.py `event("NAME", ...)`)."""
-    source = (Path(lossguard.__file__).parent / "monitor" / "core.py").read_text()
+    """Event names the live monitor emits (`event("NAME", ...)` in monitor/)."""
+    source = "".join(p.read_text() for p in (Path(lossguard.__file__).parent / "monitor").glob("*.py"))
     return set(re.findall(r'\bevent\("([a-z0-9-]+)"', source))
 
 

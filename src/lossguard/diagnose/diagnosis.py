@@ -129,7 +129,7 @@ def _judge(result: EngineResult, inputs: list[str]) -> Diagnosis:
     if verdict == "broken":  # the same meaning as halt_on="broken" in the guard and watch
         verdict = finding_verdict(signature, primary.severity)
     causes = rank_causes(signature, _evidence(result, findings, onset))
-    if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].confidence >= 0.5:
+    if verdict == "healthy" and causes and causes[0].id in SUSPICIOUS_CAUSES and causes[0].likelihood == "likely":
         verdict = "warning"  # a tiny loss is fine, unless the evidence says the answers leak in
     return Diagnosis(verdict, signature, onset, causes, findings, result, inputs)
 
@@ -164,7 +164,33 @@ def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) 
                        fired={f.code for f in findings}, measured=measured,
                        onset_at_start=onset is not None and first is not None and onset <= first + 1,
                        event_origins=dict(result.stats.event_origins), finding_origins=origins,
-                       onset_origin=_at(onset, ordinal), steady_logs_before_onset=_steady_before(result, onset))
+                       onset_origin=_at(onset, ordinal), steady_logs_before_onset=_steady_before(result, onset),
+                       columns=frozenset(signal for signal, _ in result.series.series),
+                       train_losses_finite=_train_losses_finite(result),
+                       zero_norm_at_zero_lr=_zero_norm_at_zero_lr(result))
+
+
+def _line(result: EngineResult, signal: str) -> dict[int, float]:
+    """A signal's logged values by step, the run-level line first, else the lowest rank's."""
+    lines = sorted(((rank is not None, rank or 0), line) for (name, rank), line in result.series.series.items()
+                   if name == signal)
+    return dict(lines[0][1].points) if lines else {}
+
+
+def _train_losses_finite(result: EngineResult) -> bool | None:
+    losses = _line(result, "loss")
+    if not losses:
+        return None
+    return all(math.isfinite(v) and v != 0.0 for v in losses.values())
+
+
+_STUCK_LOGS = 3  # an LR of 0 on fewer logs can be a warmup's start
+
+
+def _zero_norm_at_zero_lr(result: EngineResult) -> bool | None:
+    lrs, norms = _line(result, "lr"), _line(result, "grad_norm")
+    beside = [norms[step] for step, lr in lrs.items() if lr == 0.0 and step in norms]
+    return None if len(beside) < _STUCK_LOGS else all(norm == 0.0 for norm in beside)
 
 
 # A loss spike or rise: what an unstable update looks like before a NaN.

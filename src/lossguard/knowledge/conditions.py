@@ -35,6 +35,13 @@ class RunEvidence:
     onset_origin: str | None = None
     # Finite losses logged before the onset while no spike or rise was found: a steady run that then died.
     steady_logs_before_onset: int | None = None
+    columns: frozenset[str] = frozenset()  # the signals the log shows (catalog names: loss, lr, ...)
+    # Every training loss logged is finite and non-zero (a 0.0 can be the Trainer's NaN filter); None: no
+    # training loss was logged.
+    train_losses_finite: bool | None = None
+    # The learning rate is exactly 0 on at least three logs (stuck, not a warmup's first log): is the grad
+    # norm beside it exactly 0 on every such log (True), or not (False)? None: no log shows that.
+    zero_norm_at_zero_lr: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +181,96 @@ class NoneKnown:
         return None
 
 
-Subject = Fact | Event | Fired | Measured | OnsetAtStart | SteadyBeforeOnset | NoneKnown
+@dataclass(frozen=True, slots=True)
+class AnyKnown:
+    """What shows of a group of facts and finding numbers: a short description of the first known ones, or
+    False when none is known (the inputs show none of them)."""
+
+    names: tuple[str, ...]
+    numbers: tuple[tuple[str, str], ...] = ()  # (detector code, key)
+
+    def __post_init__(self) -> None:
+        for name in self.names:
+            Fact(name)
+        for code, key in self.numbers:
+            Measured(code, key)
+
+    def read(self, run: RunEvidence) -> Any:
+        shown = [f"{name} {run.facts[name]}" for name in self.names if run.facts.get(name) is not None]
+        shown += [f"{code} {key}" for code, key in self.numbers if run.measured.get((code, key))]
+        return ", ".join(shown[:3]) if shown else False
+
+    @property
+    def label(self) -> str:
+        return f"any of {', '.join(self.names + tuple(f'{c} {k}' for c, k in self.numbers))} known"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return next((run.origins[name] for name in self.names if run.facts.get(name) is not None
+                     and name in run.origins), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """True when the log shows one of these signals (catalog names); unknown otherwise."""
+
+    signals: tuple[str, ...]
+
+    def read(self, run: RunEvidence) -> Any:
+        return True if run.columns.intersection(self.signals) else None
+
+    @property
+    def label(self) -> str:
+        return f"the log's {' / '.join(self.signals)} column"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RunNumber:
+    """A property of the run's logged columns that the diagnosis computes (a RunEvidence field)."""
+
+    name: str
+    text: str
+    where: str = ""  # the columns it is computed from, as the evidence line's location
+
+    def __post_init__(self) -> None:
+        if self.name not in {f.name for f in fields(RunEvidence)}:
+            raise ValueError(f"RunEvidence has no field {self.name!r}")
+
+    def read(self, run: RunEvidence) -> Any:
+        return getattr(run, self.name)
+
+    @property
+    def label(self) -> str:
+        return self.text
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return self.where or None
+
+
+@dataclass(frozen=True, slots=True)
+class EvalOnlyNonfinite:
+    """The first non-finite value was an evaluation loss (LOSS001 on_eval) and every training loss is finite
+    and non-zero. A training loss of 0.0 beside a NaN eval loss is what the Trainer's NaN filter prints for a
+    NaN training loss: not eval-only. Unknown without a non-finite value or a training loss."""
+
+    def read(self, run: RunEvidence) -> Any:
+        on_eval = run.measured.get(("LOSS001", "on_eval"))
+        if on_eval is None or run.train_losses_finite is None:
+            return None
+        return bool(on_eval) and run.train_losses_finite
+
+    @property
+    def label(self) -> str:
+        return "only the evaluation loss is non-finite"
+
+    def origin(self, run: RunEvidence) -> str | None:
+        return run.finding_origins.get("LOSS001")
+
+
+Subject = (Fact | Event | Fired | Measured | OnsetAtStart | SteadyBeforeOnset | NoneKnown | AnyKnown | Column | RunNumber
+           | EvalOnlyNonfinite)
 _OPS = {
     "==": lambda actual, expected: actual == expected,
     "in": lambda actual, expected: actual in expected,
@@ -188,6 +284,14 @@ _OPS = {
 
 def _negate(value: bool | None) -> bool | None:
     return None if value is None else not value
+
+
+def compare(op: str, actual: Any, expected: Any) -> bool | None:
+    """`actual OP expected`; None where it cannot be told (a version a window cannot place). An AnyKnown
+    subject reads a description when something is known: that compares as True."""
+    if op == "==" and expected is True and isinstance(actual, str):
+        return True
+    return _OPS[op](actual, expected)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,9 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
     ("no-input-grad", re.compile(rb"None of the inputs have requires_grad=True")),
     ("reentrant-checkpoint", re.compile(rb"the use_reentrant parameter should be passed explicitly")),
     ("response-key-missing", re.compile(rb"Could not find response (?:key|template)")),
+    # The same TRL warning's last sentence: the instance text it quotes spans lines, so a paste can keep
+    # only this line of it.
+    ("response-key-missing", re.compile(rb"This instance will be ignored in loss calculation")),
     ("trainable-params", re.compile(rb"Number of trainable parameters = ([\d,]+)")),
     # Bounded gap: an unbounded `.*` costs a scan to the line's end per occurrence of the first phrase.
     ("image-token-mismatch", re.compile(rb"must match the size of tensor b.{0,2048}?vit_embeds\.shape")),
@@ -42,7 +45,7 @@ EVENT_PATTERNS: list[tuple[str, re.Pattern[bytes]]] = [
 EVENT_NEEDLES: list[tuple[bytes, str, re.Pattern[bytes]]] = [
     (needle, name, pattern) for needle, (name, pattern) in zip(
         (b"OVERFLOW", b"verflow", b"loss scale", b"tokenization mismatch", b"lr", b"requires_grad",
-         b"use_reentrant", b"Could not find response", b"trainable parameters", b"tensor b", b"inf/nan",
+         b"use_reentrant", b"Could not find response", b"will be ignored in loss", b"trainable parameters", b"tensor b", b"inf/nan",
          b"cuDNN SDPA"), EVENT_PATTERNS)
 ]
 
