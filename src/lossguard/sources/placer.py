@@ -34,6 +34,8 @@ class StepPlacer:
         # (multi-node runs print each log once per node, `log_on_each_node`). An open dict's text is never one.
         self.recent_dicts: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._megatron_skipped = 0.0  # Megatron counts skips per logging interval; the signal is cumulative
+        self._megatron_loss = False  # a Megatron line of this log printed its loss (`_megatron_vanished`)
+        self._megatron_step: int | None = None  # the iteration of the last Megatron line
         # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and the
         # values already placed there: a second value of one of them belongs to a later step, the same value
         # again is another node's copy of the line.
@@ -144,9 +146,11 @@ class StepPlacer:
         out = []
         for fields in found:
             signals, step = fields.signals, fields.step
-            if fields.form == Form.MEGATRON and "skipped_steps" in signals:
-                self._megatron_skipped += signals["skipped_steps"]
-                signals["skipped_steps"] = self._megatron_skipped
+            if fields.form == Form.MEGATRON:
+                self._megatron_vanished(signals, step)
+                if "skipped_steps" in signals:
+                    self._megatron_skipped += signals["skipped_steps"]
+                    signals["skipped_steps"] = self._megatron_skipped
             if fields.kind == TRAIN:
                 newer = fields.form != Form.PLAIN or self.last_step is None or step > self.last_step
                 self.last_step = step if newer else self.last_step
@@ -156,6 +160,21 @@ class StepPlacer:
                 self.provisional = record
             out.append(record)
         return out
+
+    def _megatron_vanished(self, signals: dict[str, float], step: int) -> None:
+        """Megatron prints a loss only when its interval average is `> 0.0`: a NaN average (bf16 runs have no
+        NaN check, so `number of nan iterations` stays 0) or a zero one drops the field from the line. A line
+        without its loss in a log whose lines had one is that: a loss no longer finite, read as NaN. An
+        interval whose iterations were all skipped (fp16 overflows) drops it too, and is no NaN: its skip
+        count says so."""
+        last, self._megatron_step = self._megatron_step, step
+        if "loss" in signals:
+            self._megatron_loss = True
+            return
+        skipped = signals.get("skipped_steps", 0.0)
+        all_skipped = skipped > 0 and (last is None or step <= last or skipped >= step - last)
+        if self._megatron_loss and not all_skipped:
+            signals["loss"] = float("nan")
 
     # -- events and facts ------------------------------------------------------------------------------
     def event(self, fields: Fields, line_no: int | None) -> Record:

@@ -1,0 +1,57 @@
+"""Every framework's console output (issue 31): each format's death reads broken at its onset, and a healthy run
+in the same format reads healthy (the twin). The samples are written line for line in each tool's own shape;
+the run's numbers come from one small builder per format, so a twin differs from its death only in the fault.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lossguard.api import analyze
+
+GOOD = [2.31, 2.05, 1.87, 1.74, 1.66, 1.59, 1.53, 1.49, 1.45, 1.42, 1.40, 1.38, 1.36, 1.35, 1.34, 1.33]
+
+
+def _loss(index: int, nan_from: int | None, spelling: str = "nan") -> str:
+    return spelling if nan_from is not None and index >= nan_from else f"{GOOD[index % len(GOOD)]:.4f}"
+
+
+# -- Megatron-LM: the loss field vanishes when its interval average is NaN (bf16: no NaN check) ----------------
+
+def megatron(nan_from: int | None, grad_norm: str = "1.234") -> str:
+    lines = []
+    for i in range(12):
+        loss = "" if nan_from is not None and i >= nan_from else f" lm loss: {GOOD[i]:.6E} |"
+        lines.append(f" [2024-05-12 10:23:{i:02d}] iteration      {10 * (i + 1):>3d}/    1000 | consumed samples:"
+                     f"        {320 * (i + 1)} | elapsed time per iteration (ms): 1234.5 | learning rate: "
+                     f"1.000000E-05 | global batch size:    32 |{loss} loss scale: 1.0 | grad norm: {grad_norm} | "
+                     f"number of skipped iterations:   0 | number of nan iterations:   0 |")
+    return "\n".join(lines) + "\n"
+
+
+CASES = {
+    # name: (log text, file name, verdict, onset step or None)
+    "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
+    "megatron_healthy": (megatron(None), "train.log", "healthy", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_framework_console_verdict_and_onset(name, tmp_path):
+    text, file_name, verdict, onset = CASES[name]
+    path = tmp_path / file_name
+    path.write_text(text, encoding="utf-8")
+    d = analyze([path])
+    assert d.verdict == verdict, (d.verdict, d.signature, d.onset_step)
+    if verdict == "broken":
+        assert (d.signature, d.onset_step) == ("nonfinite", onset)
+
+
+def test_a_megatron_interval_whose_iterations_were_all_skipped_is_no_nan(tmp_path):
+    # fp16: every iteration of the interval skipped also drops the loss field; the skip count explains it.
+    text = megatron(None).splitlines()
+    skipped = text[6].replace(f" lm loss: {GOOD[6]:.6E} |", "").replace("iterations:   0 | number of nan",
+                                                                          "iterations:  10 | number of nan")
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(text[:6] + [skipped] + text[7:]) + "\n", encoding="utf-8")
+    assert analyze([path]).signature != "nonfinite"
