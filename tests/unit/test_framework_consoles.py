@@ -29,10 +29,50 @@ def megatron(nan_from: int | None, grad_norm: str = "1.234") -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- Keras model.fit: `Epoch e/E`, then the bar; the `i/N` counter restarts each epoch, the epoch is the step ---
+
+def keras2(nan_from: int | None, spelling: str = "nan") -> str:
+    out = []
+    for e in range(10):
+        loss = _loss(e, nan_from, spelling)
+        out += [f"Epoch {e + 1}/10", f"1875/1875 [==============================] - 5s 3ms/step - loss: {loss} - "
+                f"accuracy: 0.{91 + e // 3:02d}87 - val_loss: {loss} - val_accuracy: 0.9012"]
+    return "\n".join(out) + "\n"
+
+
+def keras3(nan_from: int | None) -> str:
+    # As a terminal prints it, colour codes kept.
+    bar = "\x1b[32m" + "\u2501" * 20 + "\x1b[0m\x1b[37m\x1b[0m"
+    out = []
+    for e in range(10):
+        out += [f"Epoch {e + 1}/10", f"\x1b[1m1875/1875\x1b[0m {bar} \x1b[1m5s\x1b[0m 3ms/step - accuracy: 0.9187 "
+                f"- loss: {_loss(e, nan_from)}"]
+    return "\n".join(out) + "\n"
+
+
+def keras_mid_epoch(nan_from: int | None) -> str:
+    # Bars caught mid-epoch, as pasted from a notebook cell that printed each redraw on a line.
+    out = []
+    for e in range(3):
+        out.append(f"Epoch {e + 1}/3")
+        for i in range(5):
+            n = 60 * (i + 1)
+            bar = "[" + "=" * (i * 6) + ">" + "." * (29 - i * 6) + "]"
+            out.append(f"{n:>3d}/300 {bar} - ETA: {4 - i}s - loss: {_loss(5 * e + i, nan_from)}")
+    return "\n".join(out) + "\n"
+
+
 CASES = {
     # name: (log text, file name, verdict, onset step or None)
     "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
     "megatron_healthy": (megatron(None), "train.log", "healthy", None),
+    "keras2_nan_from_epoch_4": (keras2(3), "fit.log", "broken", 4),
+    "keras2_inf_from_epoch_6": (keras2(5, "inf"), "fit.log", "broken", 6),
+    "keras2_healthy": (keras2(None), "fit.log", "healthy", None),
+    "keras3_nan_from_epoch_4": (keras3(3), "fit.log", "broken", 4),
+    "keras3_healthy": (keras3(None), "fit.log", "healthy", None),
+    "keras_mid_epoch_nan_in_epoch_2": (keras_mid_epoch(7), "fit.log", "broken", 300 + 180),
+    "keras_mid_epoch_healthy": (keras_mid_epoch(None), "fit.log", "healthy", None),
 }
 
 

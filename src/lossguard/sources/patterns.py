@@ -61,6 +61,8 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     # Lines of their own that head a block of metric lines (OLMo's `[step=5/739328,epoch=0]`, Composer's
     # `[batch=5/100]:`), and Lightning's / Composer's LR names (`lr-AdamW`, `lr-DecoupledAdamW/group0`).
     "[step=", "[batch=", "lr-",
+    # Keras's `Epoch 4/10` above the epoch's progress bar (sources/readers/keras.py).
+    "Epoch ",
     # Lines that say what the metric lines after them are (text_log._header): a run summary block, an
     # evaluation announced on a line of its own (`***** Evaluating perplexity *****`).
     "Run summary", "metrics *****", "valuat", "alidat",

@@ -36,6 +36,9 @@ class StepPlacer:
         self._megatron_skipped = 0.0  # Megatron counts skips per logging interval; the signal is cumulative
         self._megatron_loss = False  # a Megatron line of this log printed its loss (`_megatron_vanished`)
         self._megatron_step: int | None = None  # the iteration of the last Megatron line
+        # Keras: the epoch of the last `Epoch e/E` header, and whether the log shows bars caught mid-epoch.
+        self._keras_epoch = 1
+        self._keras_batches = False
         # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and the
         # values already placed there: a second value of one of them belongs to a later step, the same value
         # again is another node's copy of the line.
@@ -160,6 +163,27 @@ class StepPlacer:
                 self.provisional = record
             out.append(record)
         return out
+
+    def keras(self, found: list[Fields], line_no: int | None) -> list[Record]:
+        """Keras bars: the epoch header numbers them. A log of epoch-end bars only (`1875/1875`, what a
+        terminal leaves of each epoch) is on epochs: the epoch is the step. A log that shows bars caught
+        mid-epoch (`100/1875`) counts batches, the epochs before placed end to end."""
+        numbered = []
+        for fields in found:
+            if fields.counter is None:  # the `Epoch e/E` header
+                self._keras_epoch = fields.epoch
+                continue
+            index, total = fields.counter
+            self._keras_batches = self._keras_batches or index < total
+            if self._keras_batches:
+                self._epoch_length = max(self._epoch_length, total)
+                fields.step = (self._keras_epoch - 1) * self._epoch_length + index
+            else:
+                fields.step = self._keras_epoch
+            numbered.append(fields)
+        if numbered:
+            self._real_steps = True
+        return self.numbered(numbered, line_no)
 
     def _megatron_vanished(self, signals: dict[str, float], step: int) -> None:
         """Megatron prints a loss only when its interval average is `> 0.0`: a NaN average (bf16 runs have no

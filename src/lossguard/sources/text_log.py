@@ -22,6 +22,7 @@ from lossguard.sources.readers import (
     events,
     generic,
     guard_lines,
+    keras,
     log_dict,
     megatron,
     mmengine,
@@ -34,6 +35,8 @@ from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, unco
 # the line must contain, the reader). A new format is a reader module and a row here.
 LINE_READERS: tuple[tuple[bytes, Callable[[bytes], Fields | list[Fields] | None]], ...] = (
     (b"iteration ", megatron.read),
+    (b"Epoch ", keras.read),  # Keras's epoch header: no step of its own, it numbers the bars below
+    (b" - ", keras.read),
     (b"(train)", mmengine.read),
     (b"(val)", mmengine.read),
     (b"step ", plain_step.read),
@@ -74,7 +77,8 @@ class TextLogParser:
         for needle, read in LINE_READERS:
             if needle in line and (found := read(line)):
                 if isinstance(found, list):
-                    return placer.numbered(found, line_no)
+                    return placer.keras(found, line_no) if found[0].form == Form.KERAS else \
+                        placer.numbered(found, line_no)
                 if found.form == Form.FACTS:  # the DeepSpeed banner and config dump
                     return [placer.event(found, line_no)]
                 return placer.numbered([found], line_no)
