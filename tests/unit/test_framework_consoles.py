@@ -62,6 +62,24 @@ def keras_mid_epoch(nan_from: int | None) -> str:
     return "\n".join(out) + "\n"
 
 
+# -- darknet: ` N: loss, avg avg loss, lr rate, ...`; region lines read `-nan` on empty layers in healthy runs --
+
+def darknet(nan_from: int | None, spelling: str = "-nan") -> str:
+    out = []
+    for i in range(14):
+        loss = _loss(i, nan_from, spelling)
+        avg = spelling if loss == spelling else f"{GOOD[i] + 0.1:.6f}"
+        out += ["v3 (mse loss, Normalizer: (iou: 0.75, cls: 1.00) Region 82 Avg (IOU: 0.512345, GIOU: 0.498765), "
+                "Class: 0.623451, Obj: 0.412345, No Obj: 0.004512, .5R: 0.500000, .75R: 0.125000, count: 8, "
+                "class_loss = 1.234567, iou_loss = 0.765432, total_loss = 2.000000",
+                "v3 (mse loss, Normalizer: (iou: 0.75, cls: 1.00) Region 106 Avg (IOU: -nan, GIOU: -nan), "
+                "Class: -nan, Obj: -nan, No Obj: 0.000123, .5R: -nan, .75R: -nan, count: 0, "
+                "class_loss = 0.000000, iou_loss = 0.000000, total_loss = 0.000000",
+                f" {100 * (i + 1)}: {loss}, {avg} avg loss, 0.001000 rate, 3.215000 seconds, {6400 * (i + 1)} images, "
+                f"{12.3 - i / 10:.1f} hours left"]
+    return "\n".join(out) + "\n"
+
+
 CASES = {
     # name: (log text, file name, verdict, onset step or None)
     "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
@@ -73,6 +91,9 @@ CASES = {
     "keras3_healthy": (keras3(None), "fit.log", "healthy", None),
     "keras_mid_epoch_nan_in_epoch_2": (keras_mid_epoch(7), "fit.log", "broken", 300 + 180),
     "keras_mid_epoch_healthy": (keras_mid_epoch(None), "fit.log", "healthy", None),
+    "darknet_nan_from_800": (darknet(7), "train.log", "broken", 800),
+    "darknet_windows_nan_ind": (darknet(9, "-nan(ind)"), "train.log", "broken", 1000),
+    "darknet_healthy_with_empty_layers": (darknet(None), "train.log", "healthy", None),
 }
 
 

@@ -63,6 +63,8 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     "[step=", "[batch=", "lr-",
     # Keras's `Epoch 4/10` above the epoch's progress bar (sources/readers/keras.py).
     "Epoch ",
+    # darknet's iteration line (`1: 719.3, 719.3 avg, 0.001 rate, ...` names no loss in pjreddie's version).
+    " rate, ",
     # Lines that say what the metric lines after them are (text_log._header): a run summary block, an
     # evaluation announced on a line of its own (`***** Evaluating perplexity *****`).
     "Run summary", "metrics *****", "valuat", "alidat",

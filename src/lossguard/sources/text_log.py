@@ -17,6 +17,7 @@ from lossguard.core.records import Record
 from lossguard.sources.merge import merged
 from lossguard.sources.placer import StepPlacer
 from lossguard.sources.readers import (
+    darknet,
     deepspeed_step,
     ds_facts,
     events,
@@ -37,6 +38,8 @@ LINE_READERS: tuple[tuple[bytes, Callable[[bytes], Fields | list[Fields] | None]
     (b"iteration ", megatron.read),
     (b"Epoch ", keras.read),  # Keras's epoch header: no step of its own, it numbers the bars below
     (b" - ", keras.read),
+    (b" rate, ", darknet.read),
+    (b"Region ", darknet.read),  # a YOLO layer's line: read as nothing, never as a loss
     (b"(train)", mmengine.read),
     (b"(val)", mmengine.read),
     (b"step ", plain_step.read),
@@ -75,10 +78,11 @@ class TextLogParser:
         if (fields := events.read(line)) is not None:
             return [placer.event(fields, line_no)]
         for needle, read in LINE_READERS:
-            if needle in line and (found := read(line)):
+            if needle in line and (found := read(line)) is not None:  # []: its line, nothing to read
                 if isinstance(found, list):
-                    return placer.keras(found, line_no) if found[0].form == Form.KERAS else \
-                        placer.numbered(found, line_no)
+                    if found and found[0].form == Form.KERAS:
+                        return placer.keras(found, line_no)
+                    return placer.numbered(found, line_no)
                 if found.form == Form.FACTS:  # the DeepSpeed banner and config dump
                     return [placer.event(found, line_no)]
                 return placer.numbered([found], line_no)
