@@ -80,6 +80,17 @@ def darknet(nan_from: int | None, spelling: str = "-nan") -> str:
     return "\n".join(out) + "\n"
 
 
+# -- Chainer's PrintReport: a whitespace table read by its header, one row per epoch (the epoch is the step) -----
+
+def chainer(nan_from: int | None) -> str:
+    out = ["epoch       main/loss   validation/main/loss  main/accuracy  validation/main/accuracy  elapsed_time"]
+    for e in range(10):
+        loss = _loss(e, nan_from)
+        val = loss if loss == "nan" else f"{GOOD[e] + 0.05:.4f}"
+        out.append(f"{e + 1:<12d}{loss:<12s}{val:<22s}{0.8 + e / 100:<15.4f}{0.79 + e / 100:<26.4f}{5.1 * (e + 1):.4f}")
+    return "\n".join(out) + "\n"
+
+
 CASES = {
     # name: (log text, file name, verdict, onset step or None)
     "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
@@ -94,6 +105,8 @@ CASES = {
     "darknet_nan_from_800": (darknet(7), "train.log", "broken", 800),
     "darknet_windows_nan_ind": (darknet(9, "-nan(ind)"), "train.log", "broken", 1000),
     "darknet_healthy_with_empty_layers": (darknet(None), "train.log", "healthy", None),
+    "chainer_nan_from_epoch_5": (chainer(4), "log.txt", "broken", 5),
+    "chainer_healthy": (chainer(None), "log.txt", "healthy", None),
 }
 
 
