@@ -91,6 +91,27 @@ def chainer(nan_from: int | None) -> str:
     return "\n".join(out) + "\n"
 
 
+# -- Lines whose step is an epoch's counter placed after the epochs before it -----------------------------------
+
+def mmcv(nan_from: int | None) -> str:
+    return "".join(
+        f"2023-05-12 10:23:45,123 - mmdet - INFO - Epoch [{e + 1}][{50 * (i + 1)}/400]\tlr: 1.000e-02, eta: 1:23:45, "
+        f"time: 0.345, data_time: 0.012, memory: 3456, loss_cls: 0.5012, loss_bbox: 0.3123, "
+        f"loss: {_loss(8 * e + i, nan_from)}, grad_norm: 12.3456\n" for e in range(2) for i in range(8))
+
+
+def timm(nan_from: int | None) -> str:
+    lines = []
+    for e in range(2):
+        for i in range(6):
+            loss = _loss(6 * e + i, nan_from)
+            lines.append(f"Train: {e} [{250 * i:>4d}/1251 ({20 * i:>3d}%)]  Loss: {loss} ({loss})  Time: 0.312s,  "
+                         f"820.51/s  (0.320s,  800.12/s)  LR: 1.000e-05  Data: 0.012 (0.015)")
+        lines.append(f"Test: [  48/48]  Time: 0.105 (0.210)  Loss:  0.8214 ({_loss(6 * e + 5, nan_from)})  "
+                     f"Acc@1: 81.2500 (75.1230)  Acc@5: 93.7500 (92.4560)")
+    return "\n".join(lines) + "\n"
+
+
 CASES = {
     # name: (log text, file name, verdict, onset step or None)
     "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
@@ -107,6 +128,10 @@ CASES = {
     "darknet_healthy_with_empty_layers": (darknet(None), "train.log", "healthy", None),
     "chainer_nan_from_epoch_5": (chainer(4), "log.txt", "broken", 5),
     "chainer_healthy": (chainer(None), "log.txt", "healthy", None),
+    "mmcv_nan_in_epoch_2": (mmcv(11), "20230512_102345.log", "broken", 400 + 200),
+    "mmcv_healthy": (mmcv(None), "20230512_102345.log", "healthy", None),
+    "timm_nan_in_epoch_1": (timm(8), "output.log", "broken", 1251 + 500),
+    "timm_healthy": (timm(None), "output.log", "healthy", None),
 }
 
 

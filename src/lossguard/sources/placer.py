@@ -145,10 +145,14 @@ class StepPlacer:
         return step
 
     def numbered(self, found: list[Fields], line_no: int | None) -> list[Record]:
-        """Fields whose line names its step (Megatron, mmengine, `step N loss X`)."""
+        """Fields whose line names its step (Megatron, mmengine, `step N loss X`), or evaluations at the last."""
         out = []
         for fields in found:
             signals, step = fields.signals, fields.step
+            if step is None:  # an evaluation that names no step (timm's `Test:` lines): at the last step
+                if self.last_step is None:
+                    continue
+                step = self.last_step
             if fields.form == Form.MEGATRON:
                 self._megatron_vanished(signals, step)
                 if "skipped_steps" in signals:

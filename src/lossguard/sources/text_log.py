@@ -28,6 +28,7 @@ from lossguard.sources.readers import (
     megatron,
     mmengine,
     plain_step,
+    timm,
 )
 from lossguard.sources.readers.fields import Fields, Form
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
@@ -42,6 +43,9 @@ LINE_READERS: tuple[tuple[bytes, Callable[[bytes], Fields | list[Fields] | None]
     (b"Region ", darknet.read),  # a YOLO layer's line: read as nothing, never as a loss
     (b"(train)", mmengine.read),
     (b"(val)", mmengine.read),
+    (b"Epoch [", mmengine.read),  # mmcv's
+    (b"Iter [", mmengine.read),
+    (b"Loss: ", timm.read),
     (b"step ", plain_step.read),
     (b"iter ", plain_step.read),
     (b" ", ds_facts.read),
