@@ -112,6 +112,61 @@ def timm(nan_from: int | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- Lines that name their step (already read by the generic reader and the JSON / CSV sources) ----------------
+
+def caffe(nan_from: int | None, spelling: str = "-nan") -> str:
+    lines = []
+    for i in range(12):
+        loss, t = _loss(i, nan_from, spelling), f"10:23:{i:02d}"
+        lines += [f"I0512 {t}.123456 12345 solver.cpp:218] Iteration {100 * i} (2.3 iter/s, 43.4783s/100 iters), "
+                  f"loss = {loss}",
+                  f"I0512 {t}.123470 12345 solver.cpp:237]     Train net output #0: loss = {loss} (* 1 = {loss} loss)",
+                  f"I0512 {t}.123480 12345 sgd_solver.cpp:105] Iteration {100 * i}, lr = 0.01"]
+    return "\n".join(lines) + "\n"
+
+
+def ppocr(nan_from: int | None) -> str:
+    return "".join(
+        f"[2023/05/12 10:23:45] ppocr INFO: epoch: [{1 + i // 6}/500], global_step: {10 * (i + 1)}, lr: 0.001000, "
+        f"loss: {_loss(i, nan_from)}, loss_shrink_maps: 1.234567, avg_reader_cost: 0.01234 s, avg_batch_cost: "
+        f"0.34567 s, avg_samples: 8.0, ips: 23.14348 samples/s, eta: 1 day, 2:03:04\n" for i in range(12))
+
+
+def tf_estimator(nan_from: int | None, spelling: str = "nan") -> str:
+    lines = []
+    for i in range(12):
+        lines += [f"INFO:tensorflow:loss = {_loss(i, nan_from, spelling)}, step = {100 * i} (12.345 sec)",
+                  "INFO:tensorflow:global_step/sec: 8.10047"]
+    return "\n".join(lines) + "\n"
+
+
+def lightning_csv(nan_from: int | None, spelling: str = "nan") -> str:
+    # CSVLogger's metrics.csv: sparse rows, the validation's on rows of their own.
+    rows = ["epoch,step,train_loss,val_loss,lr-AdamW"]
+    for i in range(12):
+        rows.append(f"{i // 4},{50 * i + 49},{_loss(i, nan_from, spelling)},,1e-05")
+        if i % 4 == 3:
+            rows.append(f"{i // 4},{50 * i + 49},,{_loss(i, nan_from, spelling)},")
+    return "\n".join(rows) + "\n"
+
+
+def swift_jsonl(nan_from: int | None, spelling: str = "NaN") -> str:
+    return "".join(
+        f'{{"loss": {_loss(i, nan_from, spelling)}, "grad_norm": 0.51234, "learning_rate": 1e-05, "memory(GiB)": 20.1, '
+        f'"train_speed(iter/s)": 0.312, "epoch": {(i + 1) / 12:.2f}, "global_step/max_steps": "{i + 1}/12", '
+        f'"percentage": "{100 * (i + 1) // 12}%", "elapsed_time": "{i}m", "remaining_time": "{12 - i}m"}}\n'
+        for i in range(12))
+
+
+def kohya(nan_from: int | None) -> str:
+    # A file the bar wrote to: its redraws joined by carriage returns; the tqdm counter is the step.
+    def avr_loss(i: int) -> str:  # a moving average: it moves a little every step
+        return "nan" if nan_from is not None and i >= nan_from else f"{0.1 + 0.05 * 0.99 ** i + 0.002 * (i % 3):.4g}"
+
+    return "\r".join(f"steps:  {i * 100 // 600:>2d}%|{'█' * (i // 60):<10s}| {i}/600 [00:{i // 10:02d}<01:23,  "
+                      f"1.20it/s, avr_loss={avr_loss(i)}]" for i in range(1, 241)) + "\n"
+
+
 CASES = {
     # name: (log text, file name, verdict, onset step or None)
     "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
@@ -132,6 +187,22 @@ CASES = {
     "mmcv_healthy": (mmcv(None), "20230512_102345.log", "healthy", None),
     "timm_nan_in_epoch_1": (timm(8), "output.log", "broken", 1251 + 500),
     "timm_healthy": (timm(None), "output.log", "healthy", None),
+    "caffe_minus_nan_from_700": (caffe(7), "caffe.INFO", "broken", 700),
+    "caffe_inf": (caffe(7, "inf"), "caffe.INFO", "broken", 700),
+    "caffe_healthy": (caffe(None), "caffe.INFO", "healthy", None),
+    "ppocr_nan_from_step_80": (ppocr(7), "train.log", "broken", 80),
+    "ppocr_healthy": (ppocr(None), "train.log", "healthy", None),
+    "tf_estimator_nan_from_700": (tf_estimator(7), "train.log", "broken", 700),
+    "tf_estimator_inf": (tf_estimator(7, "inf"), "train.log", "broken", 700),
+    "tf_estimator_healthy": (tf_estimator(None), "train.log", "healthy", None),
+    "lightning_metrics_csv_nan": (lightning_csv(6), "metrics.csv", "broken", 349),
+    "lightning_metrics_csv_minus_inf": (lightning_csv(6, "-inf"), "metrics.csv", "broken", 349),
+    "lightning_metrics_csv_healthy": (lightning_csv(None), "metrics.csv", "healthy", None),
+    "swift_logging_jsonl_nan": (swift_jsonl(6), "logging.jsonl", "broken", 7),
+    "swift_logging_jsonl_infinity": (swift_jsonl(6, "Infinity"), "logging.jsonl", "broken", 7),
+    "swift_logging_jsonl_healthy": (swift_jsonl(None), "logging.jsonl", "healthy", None),
+    "kohya_tqdm_avr_loss_nan": (kohya(120), "train.log", "broken", 120),
+    "kohya_tqdm_healthy": (kohya(None), "train.log", "healthy", None),
 }
 
 
