@@ -33,11 +33,23 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
   - W&B runs: wandb/, an offline-run-*/ directory or its run-<id>.wandb (wandb's own reader: the wandb
     extra); HF's train/loss, train/grad_norm, train/learning_rate, eval/loss on train/global_step.
     A store of several runs: the latest started is read and named on stderr
-  - LLaMA-Factory trainer_log.jsonl, ms-swift JSON lines, generic JSONL / CSV with a step column, and
+  - LLaMA-Factory trainer_log.jsonl, ms-swift logging.jsonl (its `global_step/max_steps` step), generic
+    JSONL / CSV with a step column (Lightning's CSVLogger metrics.csv, its sparse rows too), and
     TensorBoard's CSV download of one scalar (Wall time,Step,Value; the signal from the tag in its file
     name, run-<run>-tag-<tag>.csv)
-  - Megatron `iteration N/ M | lm loss: ... | loss scale: ... | grad norm: ...` lines
-  - mmengine `Epoch(train) [e][i/N] lr: ... loss: ... grad_norm: ...` lines
+  - Megatron `iteration N/ M | lm loss: ... | loss scale: ... | grad norm: ...` lines; a line without its
+    `lm loss` field in a log whose lines had one is a NaN loss (Megatron prints only an average > 0; a
+    NaN drops the field while `number of nan iterations` stays 0), unless its iterations were all skipped
+  - mmengine `Epoch(train) [e][i/N] lr: ... loss: ... grad_norm: ...` lines and mmcv's `Epoch [e][i/N]`,
+    `Iter [i/N]` (epochs from 1, the step counted across them)
+  - Keras `model.fit`: the `Epoch e/E` line, then its bar (Keras 2 `[====] - 5s 3ms/step - loss: ...`,
+    Keras 3 `━━━ 5s 3ms/step - ... loss: ...`, verbose=2, terminal redraws); the bar's i/N restarts each
+    epoch, so the epoch is the step; a log with bars caught mid-epoch counts batches across epochs;
+    val_loss is the epoch's evaluation
+  - darknet `N: loss, avg avg loss, lr rate, ...` iteration lines (-nan, -nan(ind)); its per-layer region
+    lines are read as nothing (their -nan IOU and total_loss 0 are normal on an empty layer)
+  - timm `Train: e [i/N (p%)]  Loss: x (avg)  ...  LR: ...` (step e*N+i) and `Test: [i/N] ... Loss: x (avg)`
+    (the running average, as the evaluation at the last step)
   - lossguard's own live events directory (events-rank*.jsonl)
   - any other line with a loss-like name next to a number (loss, Loss, lm loss, train/loss, train_loss,
     closs, reduced_train_loss, act_loss, ...; grad_norm / gnorm / grad norm, also under a prefix or as a
@@ -53,14 +65,18 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     `iter 9 step 2`, the first); a bare printed loss tensor counts as one step. Torchtune, torchtitan,
     Lightning (tqdm and rich bars), NeMo, litgpt, nanotron, fairseq, DeepSpeed-Chat, nanoGPT (`val loss`
     as evaluation), MLX, OpenRLHF, verl (`step:N - actor/pg_loss:..`), OLMo, Composer, MaxText,
-    Keras, wandb's run summary (its values at the step it names; a value of no step, HF's train_loss, is
+    Caffe (`Iteration N ..., loss = x`, `Train net output`, `lr = x`), PaddleOCR (`global_step: N, ...
+    loss: x`), tf.estimator (`loss = x, step = N`), NVIDIA DLLogger (`Iteration: N  train.loss : x`),
+    kohya / musubi bars (`steps: 10%|..| 100/1000 [.., avr_loss=x]`: the counter is the step; a number
+    followed by % is a percentage), wandb's run summary (its values at the step it names; a value of no step, HF's train_loss, is
     a summary, not a step), peft's epoch=/train_ppl=tensor(...) prints and MetricLogger logs are read this
     way. A metric line naming no step right after a line announcing an evaluation (DeepSpeed-Chat's
     `***** Evaluating perplexity *****` then `ppl: .., loss: ..`) is an evaluation
   - a table of steps and values pasted as text: a header row naming the columns (step, loss, Training
     Loss, Validation Loss, lr, ...), then rows of numbers; markdown (| a | b |), tab, comma or space
     separated, rows split as the header is (mlx-lm's `iter train_loss tok/s tokens` table: a trend arrow
-    is decoration, 1,234 and 4.4k fill the columns not read)
+    is decoration, 1,234 and 4.4k fill the columns not read); a table with an epoch column and no step
+    column (Chainer's PrintReport `epoch main/loss validation/main/loss ... elapsed_time`) is on its epochs
   - a log that holds only DeepSpeed loss-scaler overflow lines (before any step number the n-th halving is
     step n; another rank's or host's copy of it is the same step)
   - however it was captured or pasted: terminal colour codes, CRLF, trailing spaces, tabs after `key:`,

@@ -56,7 +56,7 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     "{'", '{"', "OVERFLOW", "Overflow", "overflow", "loss scale", "skipped=", "mismatch", "requires_grad",
     "lr value", "learning rate", "response key", "response template", "trainable parameters",
     "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
-    "Epoch(", "Iter(", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
+    "Epoch(", "Iter(", "Iter [", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
     "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..", "step ", "iter ",
     # The generic metric reader (sources/readers/generic.py): any loss-like name, the grad norm and LR names that
     # come on lines of their own, and a bare printed loss tensor.
@@ -64,6 +64,10 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     # Lines of their own that head a block of metric lines (OLMo's `[step=5/739328,epoch=0]`, Composer's
     # `[batch=5/100]:`), and Lightning's / Composer's LR names (`lr-AdamW`, `lr-DecoupledAdamW/group0`).
     "[step=", "[batch=", "lr-",
+    # Keras's `Epoch 4/10` above the epoch's progress bar (sources/readers/keras.py).
+    "Epoch ",
+    # darknet's iteration line (`1: 719.3, 719.3 avg, 0.001 rate, ...` names no loss in pjreddie's version).
+    " rate, ",
     # Lines that say what the metric lines after them are (text_log._header): a run summary block, an
     # evaluation announced on a line of its own (`***** Evaluating perplexity *****`).
     "Run summary", "metrics *****", "valuat", "alidat",
@@ -106,8 +110,11 @@ DS_WORLD_INFO = re.compile(rb"WORLD INFO DICT: (\{.*)")  # cut at the last `}` b
 KV_ASSIGN = re.compile(rb"(?<!\w)(\w+)=([^\s,]+)")
 MEGATRON = re.compile(rb"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 MEGATRON_FIELD = re.compile(rb"\|\s*([a-z][a-z0-9_()/-]*(?: +[a-z0-9_()/-]+)*)\s*:\s*([-+0-9.eEnaNinfINF]+)")
-MMENGINE = re.compile(rb"(Epoch|Iter)\((train|val)\)\s*(?:\[(\d+)\]\s*)?\[\s*(\d+)\s*/\s*(\d+)\]")
-MMENGINE_FIELD = re.compile(rb"(?<![\w./])([a-z][\w./]*):\s+(-?[0-9][0-9.eE+-]*|nan|inf|-inf)\b")
+# mmengine's `Epoch(train) [1][ 10/100]` and its predecessor mmcv's `Epoch [1][ 10/100]` / `Iter [10/100]`.
+# mmcv's epoch is always `[e]` before the counter: ColossalAI's `Epoch [1/3]` is an epoch counter, no iteration.
+MMENGINE = re.compile(rb"(Epoch|Iter)(?:\((train|val)\)\s*(?:\[(\d+)\]\s*)?|(?<=Epoch) \[(\d+)\]|(?<=Iter) )"
+                      rb"\[\s*(\d+)\s*/\s*(\d+)\]")
+MMENGINE_FIELD = re.compile(rb"(?<![\w./])([a-z][\w./]*):\s+(-?[0-9][0-9.eE+-]*|-?nan|-?inf)\b")
 # A user script's own lines: `step 6 loss 3.21 grad_norm 1.70`, `[rank1] step 3 loss ... param_sum ...`,
 # nanoGPT's `iter 100: loss 2.3456, time 12.3ms, mfu 4.1%`.
 PLAIN_STEP = re.compile(rb"(?:\[rank(\d+)\]:?\s*)?\b(?:step|iter)\s+(\d+)(?:\s*[:,|])?\s+(?=[A-Za-z_])")

@@ -34,6 +34,11 @@ class StepPlacer:
         # (multi-node runs print each log once per node, `log_on_each_node`). An open dict's text is never one.
         self.recent_dicts: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._megatron_skipped = 0.0  # Megatron counts skips per logging interval; the signal is cumulative
+        self._megatron_loss = False  # a Megatron line of this log printed its loss (`_megatron_vanished`)
+        self._megatron_step: int | None = None  # the iteration of the last Megatron line
+        # Keras: the epoch of the last `Epoch e/E` header, and whether the log shows bars caught mid-epoch.
+        self._keras_epoch = 1
+        self._keras_batches = False
         # The step a `step 50` line announced, for the metric lines under it (`train/loss 2.23`), and the
         # values already placed there: a second value of one of them belongs to a later step, the same value
         # again is another node's copy of the line.
@@ -140,13 +145,19 @@ class StepPlacer:
         return step
 
     def numbered(self, found: list[Fields], line_no: int | None) -> list[Record]:
-        """Fields whose line names its step (Megatron, mmengine, `step N loss X`)."""
+        """Fields whose line names its step (Megatron, mmengine, `step N loss X`), or evaluations at the last."""
         out = []
         for fields in found:
             signals, step = fields.signals, fields.step
-            if fields.form == Form.MEGATRON and "skipped_steps" in signals:
-                self._megatron_skipped += signals["skipped_steps"]
-                signals["skipped_steps"] = self._megatron_skipped
+            if step is None:  # an evaluation that names no step (timm's `Test:` lines): at the last step
+                if self.last_step is None:
+                    continue
+                step = self.last_step
+            if fields.form == Form.MEGATRON:
+                self._megatron_vanished(signals, step)
+                if "skipped_steps" in signals:
+                    self._megatron_skipped += signals["skipped_steps"]
+                    signals["skipped_steps"] = self._megatron_skipped
             if fields.kind == TRAIN:
                 newer = fields.form != Form.PLAIN or self.last_step is None or step > self.last_step
                 self.last_step = step if newer else self.last_step
@@ -156,6 +167,42 @@ class StepPlacer:
                 self.provisional = record
             out.append(record)
         return out
+
+    def keras(self, found: list[Fields], line_no: int | None) -> list[Record]:
+        """Keras bars: the epoch header numbers them. A log of epoch-end bars only (`1875/1875`, what a
+        terminal leaves of each epoch) is on epochs: the epoch is the step. A log that shows bars caught
+        mid-epoch (`100/1875`) counts batches, the epochs before placed end to end."""
+        numbered = []
+        for fields in found:
+            if fields.counter is None:  # the `Epoch e/E` header
+                self._keras_epoch = fields.epoch
+                continue
+            index, total = fields.counter
+            self._keras_batches = self._keras_batches or index < total
+            if self._keras_batches:
+                self._epoch_length = max(self._epoch_length, total)
+                fields.step = (self._keras_epoch - 1) * self._epoch_length + index
+            else:
+                fields.step = self._keras_epoch
+            numbered.append(fields)
+        if numbered:
+            self._real_steps = True
+        return self.numbered(numbered, line_no)
+
+    def _megatron_vanished(self, signals: dict[str, float], step: int) -> None:
+        """Megatron prints a loss only when its interval average is `> 0.0`: a NaN average (bf16 runs have no
+        NaN check, so `number of nan iterations` stays 0) or a zero one drops the field from the line. A line
+        without its loss in a log whose lines had one is that: a loss no longer finite, read as NaN. An
+        interval whose iterations were all skipped (fp16 overflows) drops it too, and is no NaN: its skip
+        count says so."""
+        last, self._megatron_step = self._megatron_step, step
+        if "loss" in signals:
+            self._megatron_loss = True
+            return
+        skipped = signals.get("skipped_steps", 0.0)
+        all_skipped = skipped > 0 and (last is None or step <= last or skipped >= step - last)
+        if self._megatron_loss and not all_skipped:
+            signals["loss"] = float("nan")
 
     # -- events and facts ------------------------------------------------------------------------------
     def event(self, fields: Fields, line_no: int | None) -> Record:

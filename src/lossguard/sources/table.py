@@ -10,7 +10,9 @@ such a header followed by a row of numbers; each value row becomes a `{name: val
 or CSV row is (`RowReader`), its columns named as the generic reader names them (`Training Loss` is the
 loss, `Validation Loss` the eval loss). Cells are split as the header's are: on `|` when it has one, else on
 tabs, else on commas, else on whitespace (where a cell of no letter or digit, mlx-lm's trend arrow, is
-decoration, and `1,234` one number). Columns not read may hold measurements (`4.4k`, `3.12s`).
+decoration, and `1,234` one number). Columns not read may hold measurements (`4.4k`, `3.12s`). A table of
+epochs with no step column (Chainer's PrintReport: `epoch  main/loss  validation/main/loss  elapsed_time`) is
+on its epochs.
 """
 
 from __future__ import annotations
@@ -79,6 +81,18 @@ def _values(line: str, sep: str | None, names: list[str | None]) -> list[float |
     return values if any(v is not None for v, n in zip(values, names) if n is not None) else None
 
 
+def _epoch_step(names: list[str | None], values: list[float | None], last_step: int | None) -> int | None:
+    """A table with an epoch column and no step column is one row per epoch (Chainer's PrintReport, Keras's
+    CSVLogger): a whole epoch past the last row's is the row's step, so that an evaluation column does not
+    count as a row of its own. A row whose epoch does not move on (a report per iteration) is the next one."""
+    if "step" in names or "epoch" not in names:
+        return None
+    epoch = values[names.index("epoch")]
+    if epoch is None or not epoch.is_integer() or last_step is not None and epoch <= last_step:
+        return None if last_step is None else last_step + 1
+    return int(epoch)
+
+
 def _is_measure(cell: str) -> bool:
     return cell[:1].isdigit() or cell[:1] in "+-." and cell[1:2].isdigit()
 
@@ -114,6 +128,9 @@ class TableSource:
                 if values is None:
                     continue
                 row: dict[str, float] = {}
+                epoch_step = _epoch_step(header, values, reader.last_step)
+                if epoch_step is not None:
+                    row["step"] = epoch_step
                 for name, value in zip(header, values):
                     if name == "loss" and value is not None:
                         put_loss(row, value)  # a second loss column: its NaN is kept (generic.put_loss)

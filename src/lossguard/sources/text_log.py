@@ -17,15 +17,18 @@ from lossguard.core.records import Record
 from lossguard.sources.merge import merged
 from lossguard.sources.placer import StepPlacer
 from lossguard.sources.readers import (
+    darknet,
     deepspeed_step,
     ds_facts,
     events,
     generic,
     guard_lines,
+    keras,
     log_dict,
     megatron,
     mmengine,
     plain_step,
+    timm,
 )
 from lossguard.sources.readers.fields import Fields, Form
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
@@ -34,8 +37,15 @@ from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, unco
 # the line must contain, the reader). A new format is a reader module and a row here.
 LINE_READERS: tuple[tuple[bytes, Callable[[bytes], Fields | list[Fields] | None]], ...] = (
     (b"iteration ", megatron.read),
+    (b"Epoch ", keras.read),  # Keras's epoch header: no step of its own, it numbers the bars below
+    (b" - ", keras.read),
+    (b" rate, ", darknet.read),
+    (b"Region ", darknet.read),  # a YOLO layer's line: read as nothing, never as a loss
     (b"(train)", mmengine.read),
     (b"(val)", mmengine.read),
+    (b"Epoch [", mmengine.read),  # mmcv's
+    (b"Iter [", mmengine.read),
+    (b"Loss: ", timm.read),
     (b"step ", plain_step.read),
     (b"iter ", plain_step.read),
     (b" ", ds_facts.read),
@@ -72,8 +82,10 @@ class TextLogParser:
         if (fields := events.read(line)) is not None:
             return [placer.event(fields, line_no)]
         for needle, read in LINE_READERS:
-            if needle in line and (found := read(line)):
+            if needle in line and (found := read(line)) is not None:  # []: its line, nothing to read
                 if isinstance(found, list):
+                    if found and found[0].form == Form.KERAS:
+                        return placer.keras(found, line_no)
                     return placer.numbered(found, line_no)
                 if found.form == Form.FACTS:  # the DeepSpeed banner and config dump
                     return [placer.event(found, line_no)]

@@ -18,6 +18,9 @@ class Form:
     GUARD = "guard"  # lossguard's own live findings and halt, printed into the job's log
     MEGATRON = "megatron"  # ` iteration 10/ 100 | ... | lm loss: 2.3 |`
     MMENGINE = "mmengine"  # `Epoch(train) [1][ 10/100]  lr: ... loss: ...`
+    DARKNET = "darknet"  # ` 1000: 2.34, 2.45 avg loss, 0.001 rate, ...`: the iteration is the step
+    KERAS = "keras"  # `Epoch 4/10`, then `1875/1875 [=====] - 5s 3ms/step - loss: ...`: the epoch numbers it
+    TIMM = "timm"  # `Train: 0 [  50/1251 (  4%)]  Loss: 6.912 (6.93) ...`: epoch * N + i is the step
     PLAIN = "plain"  # a script's own `step 6 loss 3.21` / nanoGPT's `iter 100: loss 2.34`
     GENERIC = "generic"  # any other `name <sep> number` pairs and progress counters (sources/readers/generic.py)
     SUMMARY_HEADER = "summary-header"  # `wandb: Run summary:`, `***** train metrics *****`

@@ -33,11 +33,12 @@ from lossguard.sources.vocabulary import Role, meaning, put_loss
 # Lightning's progress bar prints a non-finite metric as `nan.0` / `inf.0` (its number format appends `.0`).
 _NUMBER = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity)?(?:\.0+)?"
 # A `name <sep> value` pair (`k: v`, `k=v`, `k v`, `| k | v`, `'k': 'v'`, `k=tensor(v, ...)`, `k=[v, ...]`)
-# or a progress counter `i/N` (tqdm's `26/101 [`, mmengine-like `[1480/1504]`).
+# or a progress counter `i/N` (tqdm's `26/101 [`, mmengine-like `[1480/1504]`). A number followed by `%` is a
+# percentage, no value of the name before it (kohya's bar `steps:  10%|` names no step 10).
 TOKEN = re.compile(
     rb"(?<![\w./])(\d+) ?/ ?(\d+)(?![\w./])"
     rb"|(?<![\w./@-])[\d./@-]*([A-Za-z_][\w./@-]*(?: [A-Za-z_][\w./@-]*)?)['\"]?(?:\s*[:=|]\s*|\s+)\[?['\"]?(?:tensor\()?"
-    rb"(" + _NUMBER + rb")(?![\w.])['\"]?(?:\s*/\s*(\d+))?")
+    rb"(" + _NUMBER + rb")(?![\w.%])['\"]?(?:\s*/\s*(\d+))?")
 # A source file's name (`c10d_logger.py` in a warning's `path/c10d_logger.py:83:`): a location, never a metric.
 _SOURCE_FILE = re.compile(rb"\.(?:py|pyx|c|cc|cpp|cu|cuh|h|hpp)$")
 # tqdm's `[elapsed<remaining, rate, postfix]` closes one progress-bar redraw: what follows is another line.

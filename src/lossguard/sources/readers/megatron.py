@@ -1,7 +1,9 @@
 """Megatron-LM's iteration line: ` iteration       10/     100 | ... | lm loss: 2.3E+00 | grad norm: 1.2 |`.
 
 `number of skipped iterations` counts the skips of its logging interval; the placer sums them into the
-catalog's cumulative `skipped_steps`.
+catalog's cumulative `skipped_steps`. Megatron prints `lm loss` only when the interval's average is `> 0.0`, so a
+NaN loss leaves a line without it (and `number of nan iterations: 0` where no NaN check runs, as in bf16); the
+placer reads such a line, in a log whose lines had a loss, as a NaN loss (`StepPlacer._megatron_vanished`).
 
     >>> fields = read(b" iteration       10/     100 | learning rate: 1.0E-05 | lm loss: 2.3E+00 | "
     ...               b"number of skipped iterations:   1 |")
