@@ -155,10 +155,6 @@ OVERLAP = fact("overlap_comm", "==", True, "overlap_comm is true",
                "overlap_comm is false: the gradient reduction is serialised", RARELY)  # DeepSpeed's ZeRO-1/2 default
 MULTI_RANK = fact("world_size", ">=", 2, "{value} ranks", "a single rank: no gradient reduction between ranks",
                   OFTEN)
-MULTI_NODE = fact("num_nodes", ">=", 2, "{value} nodes: slower communication widens a race window",
-                  "a single node", RARELY)
-FP32_COMM = fact("communication_data_type", "==", "fp32", "communication_data_type fp32 widens the race window",
-                 "communication_data_type is {value}", RARELY)
 MULTI_RANK_BUCKET = fact("use_multi_rank_bucket_allreduce", "==", True, "use_multi_rank_bucket_allreduce is true",
                          "use_multi_rank_bucket_allreduce is false", OFTEN)
 BF16 = fact("bf16", "==", True, "bf16 is on", "bf16 is off", OFTEN)

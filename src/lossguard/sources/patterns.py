@@ -57,7 +57,7 @@ ANCHOR_STRINGS: tuple[str, ...] = (
     "lr value", "learning rate", "response key", "response template", "trainable parameters",
     "DeepSpeed info", "zero_config", "_enabled ..", "_config ..", "communication_data_type", "iteration ",
     "Epoch(", "Iter(", "Iter [", "tensor b", "inf/nan", "cuDNN SDPA", "use_reentrant", "ZeRO stage", "world_size",
-    "WORLD INFO", "zero_optimization_stage", "gradient_accumulation_steps ..", "step ", "iter ",
+    "WORLD INFO", "zero_optimization_stage", "bf16=", "fp16=", "gradient_checkpointing=", "gradient_accumulation_steps ..", "step ", "iter ",
     # The generic metric reader (sources/readers/generic.py): any loss-like name, the grad norm and LR names that
     # come on lines of their own, and a bare printed loss tensor.
     "loss", "Loss", "LOSS", "grad_norm", "gnorm", "grad norm", "learning_rate", "tensor(",

@@ -29,6 +29,7 @@ from lossguard.sources.readers import (
     mmengine,
     plain_step,
     timm,
+    training_args,
 )
 from lossguard.sources.readers.fields import Fields, Form
 from lossguard.sources.scan import ScanCounts, iter_grep_lines, iter_lines, uncoloured
@@ -48,6 +49,8 @@ LINE_READERS: tuple[tuple[bytes, Callable[[bytes], Fields | list[Fields] | None]
     (b"Loss: ", timm.read),
     (b"step ", plain_step.read),
     (b"iter ", plain_step.read),
+    (b"16=", training_args.read),  # the TrainingArguments dump: bf16= / fp16= / gradient_checkpointing=
+    (b"checkpointing=", training_args.read),
     (b" ", ds_facts.read),
 )
 
