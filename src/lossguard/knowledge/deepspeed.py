@@ -93,7 +93,9 @@ BF16_NO_OVERFLOW_CHECK = KnownIssue(
     id="bf16-no-overflow-check",
     title="bf16 ZeRO applies a non-finite gradient: no overflow check, so one bad step kills the weights",
     mechanism="bf16 ZeRO-1/2 skips no step on a NaN/Inf gradient (PR #4512, 0.11.2); the check_grad_overflow "
-              "option came in 0.17.1 and became the default in 0.19.3; ZeRO-3 has no bf16 check at all.",
+              "option came in 0.17.1 and became the default in 0.19.3; ZeRO-3 has no bf16 check at all. The "
+              "engine's optimizer, not the framework around it: a trainer loop with no bf16 NaN check of its own "
+              "is framework-bf16-no-nan-check.",
     windows=(VersionWindow("deepspeed", "0.11.2", "0.19.3"),),
     config="bf16, ZeRO-1/2 without check_grad_overflow true, or ZeRO-3",
     symptoms="one NaN gradient, then NaN weights and a logged loss of 0.0 forever",
