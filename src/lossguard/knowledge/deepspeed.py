@@ -93,7 +93,9 @@ BF16_NO_OVERFLOW_CHECK = KnownIssue(
     id="bf16-no-overflow-check",
     title="bf16 ZeRO applies a non-finite gradient: no overflow check, so one bad step kills the weights",
     mechanism="bf16 ZeRO-1/2 skips no step on a NaN/Inf gradient (PR #4512, 0.11.2); the check_grad_overflow "
-              "option came in 0.17.1 and became the default in 0.19.3; ZeRO-3 has no bf16 check at all.",
+              "option came in 0.17.1 and became the default in 0.19.3; ZeRO-3 has no bf16 check at all. The "
+              "engine's optimizer, not the framework around it: a trainer loop with no bf16 NaN check of its own "
+              "is framework-bf16-no-nan-check.",
     windows=(VersionWindow("deepspeed", "0.11.2", "0.19.3"),),
     config="bf16, ZeRO-1/2 without check_grad_overflow true, or ZeRO-3",
     symptoms="one NaN gradient, then NaN weights and a logged loss of 0.0 forever",
@@ -126,6 +128,52 @@ ZERO3_STREAM_RACE = KnownIssue(
     fix="upgrade DeepSpeed to >= 0.18.8",
     confirm="rerun on DeepSpeed >= 0.18.8 or torch < 2.10 with the same seed",
     sources=(f"{DS}/pull/7898",),
+)
+
+# Both windows checked on the sdists: 0.17.6-0.18.2 test `averaged_gradients[i] is None` in the ZeRO-1/2 epilogue,
+# 0.18.3 tests `all_grad_tensors[i]`; the engine-backward graph tracker of PR #8245 is absent from 0.19.5 and
+# present in 0.19.6 (runtime/engine.py, `_backward_prologue_per_tensor`).
+ZERO2_GA_LAST_MICROBATCH = KnownIssue(
+    id="zero2-ga-last-microbatch",
+    title="ZeRO-2 with gradient accumulation keeps only the last micro-batch's gradient, DeepSpeed 0.17.6-0.18.2",
+    mechanism="0.17.6 moved ZeRO-1/2 gradient accumulation into the backward epilogue but decided 'first "
+              "micro-batch of the window' by testing averaged_gradients, which stays empty until the boundary: "
+              "every micro-batch restarts the accumulator, so the step applies only the last micro-batch's "
+              "gradient, still divided by gradient_accumulation_steps. Not a NaN: a silently smaller, noisier "
+              "update (an effective batch of one micro-batch and a learning rate about GA times too small). "
+              "ZeRO-1 reduces once per window and ZeRO-3 keeps its own counter, so neither is affected; neither "
+              "is a run with CPU/NVMe optimizer offload (another branch). 0.18.3 tests the accumulator itself.",
+    windows=(VersionWindow("deepspeed", "0.17.6", "0.18.3"),),
+    config="ZeRO-2, gradient_accumulation_steps > 1, no offload_optimizer",
+    symptoms="grad_norm several times lower than ZeRO-3 (or DeepSpeed < 0.17.6) on the same seed and data, the "
+             "first losses identical; the loss falls more slowly; no NaN, no skipped step",
+    fix="upgrade DeepSpeed to >= 0.18.3 (or pin < 0.17.6); as a stop-gap use ZeRO-3, or "
+        "gradient_accumulation_steps 1 with a larger micro-batch",
+    confirm="same seed and data for a few steps on ZeRO-2 vs ZeRO-3 (or DeepSpeed 0.18.3): the grad_norm differs "
+            "from the first step, by a factor that grows with gradient_accumulation_steps",
+    sources=(f"{DS}/issues/7718", "https://github.com/huggingface/trl/issues/4540"),
+)
+
+ZERO2_SHARED_LOSS_GA = KnownIssue(
+    id="zero2-shared-loss-ga-scaling",
+    title="loss combining the engine and the model inside it: part of the gradient escapes the accumulation "
+          "scaling, DeepSpeed 0.18.3-0.19.5",
+    mechanism="PR #7665 (0.18.3, PyTorch-compatible backward) divides gradients by gradient_accumulation_steps in "
+              "hooks on the engine's outputs. When one loss also runs a forward through the model inside the "
+              "engine (engine.module, or a submodule called directly, so a module is used twice in the step), "
+              "the gradient through that second path is not divided: those parameters get a gradient up to GA "
+              "times too large. Reported with ZeRO-2 + bf16 on more than one rank; fixed by PR #8245 (0.19.6), "
+              "which scales the whole loss once in engine.backward.",
+    windows=(VersionWindow("deepspeed", "0.18.3", "0.19.6"),),
+    config="ZeRO-2 and bf16 as reported, more than one rank, gradient_accumulation_steps > 1, and custom loss "
+           "code that calls the wrapped model (or one of its submodules) besides the engine in the same step",
+    symptoms="no NaN and no skipped step: a grad_norm larger than on ZeRO-3 / DeepSpeed >= 0.19.6 for the same "
+             "seed, and a loss that learns differently (spikes or slower convergence) on those runs only",
+    fix="upgrade DeepSpeed to >= 0.19.6; or call every forward of the step through the engine; or set "
+        "gradient_accumulation_steps 1",
+    confirm="compare the gradient of a shared parameter after one accumulation window against "
+            "gradient_accumulation_steps 1 with the same samples (or DeepSpeed 0.19.6)",
+    sources=(f"{DS}/issues/8224", f"{DS}/pull/8245", f"{DS}/pull/7665"),
 )
 
 # Removals checked on the sdists: 0.19.6 has none of these guards; 0.19.7 rejects the first set (and drops
@@ -163,4 +211,5 @@ REMOVED_0198 = KnownIssue(
 )
 
 ISSUES = (OVERLAP_RACE, MULTI_RANK_BUCKET, PINGPONG_RESET, BUFFER_LIFETIME, COMPILE_STREAM_RACE, COMM_DTYPE_FP32,
-          BF16_NO_OVERFLOW_CHECK, BF16_UNCLIPPED, ZERO3_STREAM_RACE, REMOVED_0197, REMOVED_0198)
+          BF16_NO_OVERFLOW_CHECK, BF16_UNCLIPPED, ZERO3_STREAM_RACE, ZERO2_GA_LAST_MICROBATCH, ZERO2_SHARED_LOSS_GA,
+          REMOVED_0197, REMOVED_0198)

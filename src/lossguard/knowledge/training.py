@@ -191,11 +191,17 @@ REPLICA_DIVERGENCE = KnownIssue(
 GA_LOSS_SCALE = KnownIssue(
     id="transformers-ga-loss-scale",
     title="transformers 4.46.0 - 4.48.x report wrongly scaled losses with gradient accumulation",
-    mechanism="the gradient-accumulation loss fixes of 4.46 introduced regressions: losses 5x-10x higher "
-              "(#34263), very large with models taking loss_kwargs in 4.48.0 (#35663, fixed by #35651).",
+    mechanism="4.46 made the Trainer divide the summed token loss by num_items_in_batch (the tokens of the whole "
+              "accumulation window) instead of averaging per micro-batch; its follow-ups regressed: losses 5x-10x "
+              "higher (#34263), the loss doubled at gradient_accumulation_steps 2 in 4.47 (reported on #35207 and "
+              "#35438), very large with models taking loss_kwargs in 4.48.0 (#35663, "
+              "fixed by #35651). When the scaled loss is the one backpropagated, grad_norm is inflated by the same "
+              "factor (clipping then hides part of it). Models that do not accept loss_kwargs kept a loss that "
+              "grows with gradient_accumulation_steps in later 4.x releases too (#37766), outside this window.",
     windows=(VersionWindow("transformers", "4.46.0", "4.49.0"),),
     config="gradient_accumulation_steps > 1",
-    symptoms="logged loss about GA times too high or low; not a dead run, but thresholds break",
+    symptoms="logged loss (and often grad_norm) about GA times too high, or too low, from the first log on; the "
+             "curve keeps its shape: not a dead run, but thresholds and comparisons break",
     fix="upgrade transformers to >= 4.49",
     confirm="log the loss with gradient_accumulation_steps 1 and compare",
     sources=(f"{HF}/issues/34263", f"{HF}/issues/35663", f"{HF}/pull/35651"),
@@ -271,6 +277,81 @@ RL_UPDATE_LOST = KnownIssue(
     sources=("https://github.com/modelscope/ms-swift/issues/5890",),
 )
 
+ZERO_GRAD_MISSING = KnownIssue(
+    id="zero-grad-missing",
+    title="gradients accumulate across steps: the training loop never calls optimizer.zero_grad()",
+    mechanism="backward() adds into .grad; without zero_grad() (or set_to_none) once per optimizer step, each "
+              "step applies the sum of every gradient since the start. The first steps still point downhill, so "
+              "the loss falls; then the stale sum dominates, the update no longer follows the current batch and "
+              "keeps pushing past the minimum, and the loss climbs back steadily. A grad_norm read from .grad grows "
+              "with the step count instead of shrinking. A hand-written loop is the usual place (zero_grad "
+              "called once per epoch, or only on some branch); a framework can do it too: DeepSpeed's ZeRO-0 bf16 "
+              "path skipped zero_grad until PR #7839 (0.18.6).",
+    config="a hand-written training loop (plain PyTorch, accelerate without the Trainer); the HF Trainer and "
+           "engine.step() of DeepSpeed ZeRO-1/2/3 zero the gradients themselves",
+    symptoms="loss falls for the first steps, then rises steadily and does not come back; grad_norm grows step "
+             "after step; no NaN at first, no skipped step",
+    fix="call optimizer.zero_grad(set_to_none=True) once per optimizer step (after step(), or before the first "
+        "backward of the next accumulation window); with gradient accumulation, only at the window boundary",
+    confirm="print one parameter's .grad norm just before backward(): it must be 0 (or None) at the start of "
+            "every window; or rerun a few steps with zero_grad() added: the rise disappears",
+    sources=("https://github.com/IBM/aihwkit/issues/446", "https://github.com/pytorch/pytorch/issues/47175",
+             "https://github.com/deepspeedai/DeepSpeed/pull/7839"),
+)
+
+FRAMEWORK_BF16_NO_NAN_CHECK = KnownIssue(
+    id="framework-bf16-no-nan-check",
+    title="the training framework's bf16 path has no NaN check: the NaN step is applied and the log hides it "
+          "(loss field missing, skipped / NaN counters at 0)",
+    mechanism="Megatron-style loops (Megatron-DeepSpeed, older Megatron-LM and forks, GPT-NeoX) detect Inf/NaN "
+              "only through the fp16 loss scaler. bf16 has no scaler, so no step is skipped, and their 'number "
+              "of skipped iterations' / 'number of nan iterations' counters, which count only skipped steps, stay "
+              "0 while the NaN gradient reaches the weights. The iteration line prints a loss only when its "
+              "average is > 0, and NaN > 0 is false: the 'lm loss' field vanishes instead of reading nan. This "
+              "is the framework's own loop and logging, whatever engine runs below; bf16-no-overflow-check is "
+              "the DeepSpeed ZeRO optimizer skipping no step in bf16, a versioned DeepSpeed bug with a config "
+              "switch (check_grad_overflow). Both can hold at once; fixing that one leaves this one.",
+    config="bf16 under a Megatron-style trainer (Megatron-DeepSpeed, Megatron-LM run with "
+           "--no-check-for-nan-in-loss-and-grad, GPT-NeoX) or any loop whose only overflow check is the fp16 "
+           "loss scaler",
+    symptoms="from one iteration on the loss field is missing from the log line (or reads nan), grad norm nan, "
+             "while 'number of skipped iterations: 0 | number of nan iterations: 0' and loss scale 1.0",
+    fix="turn the framework's NaN check on (recent Megatron-LM checks by default: drop "
+        "--no-check-for-nan-in-loss-and-grad) or stop on the first non-finite loss with a monitor; resume from "
+        "the last finite checkpoint, then find what produced the first NaN (learning rate, data, kernel)",
+    confirm="the last iteration line that still has a loss is the onset; eval or a forward on the saved "
+            "weights gives NaN",
+    sources=("https://github.com/deepspeedai/Megatron-DeepSpeed/pull/434",
+             "https://github.com/epfLLM/Megatron-LLM/issues/33",
+             "https://github.com/bigscience-workshop/Megatron-DeepSpeed/issues/396"),
+)
+
+DPO_POLICY_IS_REFERENCE = KnownIssue(
+    id="dpo-policy-equals-reference",
+    title="DPO policy identical to its reference: loss exactly ln 2 = 0.6931 and rewards exactly 0 on every log",
+    mechanism="DPO's implicit reward is beta * (log pi(y|x) - log pi_ref(y|x)). When the policy and the "
+              "reference give the same log-probabilities every reward is 0, the margin is 0 and the loss is "
+              "-log sigmoid(0) = ln 2 = 0.693147; rewards/accuracies (chosen > rejected, strictly) is 0. Healthy "
+              "runs show that only before the first update. On every log it means the two never differ: the "
+              "policy is not updated (learning rate 0, adapter frozen or disabled in the policy forward, no "
+              "trainable parameter), the reference is the policy itself (the same model object, or a PEFT model "
+              "whose adapter is disabled for both passes, or reference log-probs recomputed from the current "
+              "policy), or no completion token is scored (logps/chosen and logps/rejected exactly 0: every "
+              "completion label masked).",
+    config="DPO / IPO and relatives (TRL DPOTrainer, LLaMA-Factory, ms-swift), often with PEFT and ref_model=None "
+           "or precompute_ref_log_probs",
+    symptoms="loss 0.6931 (0.6932 in bf16) and rewards/chosen, rewards/rejected, rewards/margins exactly 0, "
+             "rewards/accuracies 0, on every log; logps/chosen and logps/rejected vary by batch (or are exactly 0 "
+             "when every completion is masked)",
+    fix="make the policy trainable and updated (learning rate > 0, adapter enabled and trainable, optimizer "
+        "holding the policy's parameters); give the reference its own frozen copy (or let the trainer disable "
+        "the adapter only for the reference pass); check that completion tokens keep their labels",
+    confirm="after one step compare a policy weight before and after, and the policy's log-prob of one pair with "
+            "the reference's: they must differ",
+    sources=("https://github.com/huggingface/trl/issues/1311", "https://github.com/huggingface/trl/issues/1843",
+             "https://github.com/Yifan-Song793/ETO/issues/14"),
+)
+
 # Confirmed by a two-rank Trainer run (tests/integration/test_lint_hazards_real.py); DeepSpeed's default
 # gradient_clipping is 0.0 up to 0.19.2 and 1.0 from 0.19.3 (runtime/constants.py in the sdists).
 CLIPPING_DROPPED = KnownIssue(
@@ -292,4 +373,5 @@ ISSUES = (FP16_ACTIVATION_OVERFLOW, ATTENTION_KERNEL_NAN, LR_TOO_HIGH, MASKED_BA
           TRUNCATION_CUTS_ANSWERS, IMAGE_TOKEN_MISMATCH, LORA_REENTRANT, TRAINABLE_NOT_OPTIMIZED,
           SCHEDULER_NOT_STEPPING, LR_TOO_SMALL, WEIGHTS_NOT_UPDATING, LABEL_LEAKAGE, BENIGN_MEMORIZATION,
           REPLICA_DIVERGENCE, GA_LOSS_SCALE, NUMERICAL_INSTABILITY, EVAL_ONLY_NAN, RL_DEGENERATE_REWARDS,
-          RL_UPDATE_LOST, CLIPPING_DROPPED)
+          RL_UPDATE_LOST, CLIPPING_DROPPED, ZERO_GRAD_MISSING, FRAMEWORK_BF16_NO_NAN_CHECK,
+          DPO_POLICY_IS_REFERENCE)

@@ -39,11 +39,17 @@ from lossguard.lint.rules.versions import (
     TorchCudnnSdpa,
     TransformersGaLossBug,
 )
-from lossguard.lint.rules.zero import AutoBucketOverlap, CommDtypeFp32, MultiRankBucketAllreduce, OverlapComm
+from lossguard.lint.rules.zero import (
+    AutoBucketOverlap,
+    CommDtypeFp32,
+    MultiRankBucketAllreduce,
+    OverlapComm,
+    Zero2GradientRegression,
+)
 
 RULES: tuple[type[Rule], ...] = tuple(sorted((
     ConfigTypes, DeepSpeedSchema, RouteUnread,
-    OverlapComm, CommDtypeFp32, AutoBucketOverlap, MultiRankBucketAllreduce,
+    OverlapComm, CommDtypeFp32, AutoBucketOverlap, MultiRankBucketAllreduce, Zero2GradientRegression,
     Bf16OverflowCheck, Zero3Bf16NoOverflowCheck, Fp16AndBf16, Fp16NoClipping, Fp16OnBf16Model, Bf16SkipsInvisible,
     BatchArithmetic, HfMismatch, AutoUnresolved, WarmupExceedsRun,
     NanInfFilter, PeftReentrantCheckpointing,

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from lossguard.core.findings import Finding, Severity
 from lossguard.knowledge import deepspeed as kd
-from lossguard.lint.context import LintContext, as_bool
+from lossguard.lint.context import LintContext, as_bool, as_number
 from lossguard.lint.rules.base import Example, Fix, Rule, delete, set_
 
 DS = "https://github.com/deepspeedai/DeepSpeed"
@@ -232,3 +232,89 @@ class MultiRankBucketAllreduce(Rule):
         yield self.finding(ctx, f"use_multi_rank_bucket_allreduce is {'true' if flag else 'unset (default true)'} on "
                            f"DeepSpeed {version}, inside the 0.12.4-0.14.x window where this path gave loss 0 with "
                            "grad_norm 1.0 or nan (#5242, #5347)", "zero_optimization.use_multi_rank_bucket_allreduce", fix=fix)
+
+
+def accumulation_steps(ctx: LintContext) -> float | None:
+    """gradient_accumulation_steps as DeepSpeed will run it: the config's number ("auto" filled from the
+    arguments), else the arguments', else 1 when nothing can derive it (no train_batch_size); None when unknown
+    ("auto" without arguments, or derived from train_batch_size)."""
+    written = ctx.config.get("gradient_accumulation_steps")
+    steps = as_number(written)
+    if steps is None:
+        steps = as_number(ctx.arg("gradient_accumulation_steps"))
+    if steps is None and written is None and ctx.config.get("train_batch_size") is None:
+        return 1.0
+    return steps
+
+
+class Zero2GradientRegression(Rule):
+    """ZeRO-2 with gradient accumulation on a DeepSpeed release that computes wrong gradients.
+
+    What: two ZeRO-2 regressions give silently wrong gradients, no NaN and no skipped step.
+    DeepSpeed 0.17.6-0.18.2 restart the ZeRO-1/2 epilogue's accumulator on every micro-batch, so with
+    `gradient_accumulation_steps > 1` (and no optimizer offload) the step applies only the last
+    micro-batch's gradient, divided by GA: grad norms several times lower than ZeRO-3 on the same seed
+    (#7718; fixed in 0.18.3). DeepSpeed 0.18.3-0.19.5 (PR #7665) divide by GA only the gradient that
+    flows through the engine's outputs: a loss that also runs the model inside the engine (a module used
+    twice in the step) gives those parameters an unscaled gradient; reported with ZeRO-2 + bf16 on more
+    than one rank (#8224, fixed by PR #8245 in 0.19.6). A config cannot show that code pattern, so that
+    window is told at info level.
+
+    Why it matters: a quieter failure than a NaN: the run trains with a different effective batch and
+    learning rate than configured, and ZeRO-2 runs stop matching ZeRO-3 ones.
+
+    Fix (manual, no config key fixes it): upgrade DeepSpeed to >= 0.19.6 (>= 0.18.3 for the first bug).
+    Stop-gaps that change the run: ZeRO-3, or gradient_accumulation_steps 1 with a larger micro-batch.
+    """
+
+    issues = (kd.ZERO2_GA_LAST_MICROBATCH.id, kd.ZERO2_SHARED_LOSS_GA.id)
+    code = "DSC119"
+    name = "zero2.gradient-regression"
+    severity = Severity.WARNING
+    summary = "ZeRO-2 with gradient accumulation on DeepSpeed 0.17.6 - 0.19.5: wrong gradients"
+    evidence = (*kd.ZERO2_GA_LAST_MICROBATCH.sources, *kd.ZERO2_SHARED_LOSS_GA.sources)
+    _z2 = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 8}
+    _bf16 = {**_z2, "bf16": {"enabled": True}}
+    examples = (
+        Example(_z2, valid=False, env={"deepspeed": "0.18.2"}),
+        Example({**_z2, "gradient_accumulation_steps": "auto"}, valid=False, env={"deepspeed": "0.17.6"},
+                args={"gradient_accumulation_steps": 4, "per_device_train_batch_size": 2}),
+        Example({**_z2, "gradient_accumulation_steps": "auto"}, valid=False, env={"deepspeed": "0.18.0"},
+                note="GA unknown: info"),
+        Example(_bf16, valid=False, env={"deepspeed": "0.19.3"}, note="shared-loss window: info"),
+        Example(_z2, valid=True, env={"deepspeed": "0.17.5"}),
+        Example(_z2, valid=True, env={"deepspeed": "0.19.6"}),
+        Example({**_z2, "gradient_accumulation_steps": 1}, valid=True, env={"deepspeed": "0.18.2"}),
+        Example({"zero_optimization": {"stage": 2}}, valid=True, env={"deepspeed": "0.18.2"},
+                note="no GA and no train_batch_size: DeepSpeed runs GA 1"),
+        Example({**_z2, "zero_optimization": {"stage": 3}}, valid=True, env={"deepspeed": "0.18.2"}),
+        Example({**_z2, "zero_optimization": {"stage": 1}}, valid=True, env={"deepspeed": "0.18.2"}),
+        Example({**_z2, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, valid=True,
+                env={"deepspeed": "0.18.2"}, note="offload takes another code path: not this bug"),
+        Example(_bf16, valid=True, env={"deepspeed": "0.19.3"}, args={"world_size": 1}),
+        Example({**_z2, "bf16": {"enabled": False}}, valid=True, env={"deepspeed": "0.19.3"}),
+        Example(_z2, valid=True, note="DeepSpeed version unknown"),
+        Example(_z2, valid=True, env={"deepspeed": "0.18.2"}, options={"route_unread": "acc.yaml: ds.json cannot be read"},
+                note="accelerate YAML whose config file is unread: the stage is accelerate's default"),
+    )
+
+    def check(self, ctx: LintContext) -> Iterable[Finding]:
+        if ctx.zero_stage != 2 or ctx.options.get("route_unread"):  # unread file: the stage is a default, not
+            return  # the run's (DSC003 says so)
+        version = ctx.version("deepspeed")
+        steps = accumulation_steps(ctx)
+        if steps is not None and steps <= 1:
+            return
+        ga = f"gradient_accumulation_steps {steps:g}" if steps else "gradient accumulation (if GA > 1)"
+        if kd.ZERO2_GA_LAST_MICROBATCH.affects("deepspeed", version) and ctx.ds.offload_optimizer is False:
+            yield self.finding(ctx, f"DeepSpeed {version} ZeRO-2 with {ga} keeps only the last micro-batch's "
+                               "gradient (#7718, fixed in 0.18.3): grad norms several times lower than ZeRO-3, "
+                               "a smaller and noisier update than configured", "zero_optimization.stage",
+                               fix=Fix(kd.ZERO2_GA_LAST_MICROBATCH.fix, safe=False),
+                               severity=Severity.WARNING if steps else Severity.INFO)
+        elif (kd.ZERO2_SHARED_LOSS_GA.affects("deepspeed", version) and ctx.multi_rank
+              and ctx.bf16 is not False):
+            yield self.finding(ctx, f"DeepSpeed {version} ZeRO-2 with {ga}: if the loss also runs the model "
+                               "inside the engine (a module used twice in the step), that path's gradient is not "
+                               "divided by GA (#8224, fixed by PR #8245 in 0.19.6)", "zero_optimization.stage",
+                               fix=Fix(kd.ZERO2_SHARED_LOSS_GA.fix, safe=False), severity=Severity.INFO)
