@@ -47,6 +47,16 @@ SCENARIOS = {
     "eval-batch-nan": ("nonfinite", RunEvidence(measured={("LOSS001", "on_eval"): 1}, train_losses_finite=True)),
     "rl-zero-advantage": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 1},
                                                       columns=frozenset({"reward_std", "kl"}))),
+    "zero-grad-missing": ("divergence", RunEvidence(grad_norm_grows=True)),
+    "framework-bf16-no-nan-check": ("nonfinite", RunEvidence(facts={"bf16": True},
+                                                             events={"loss-field-vanished": 3})),
+    "dpo-policy-equals-reference": ("not-learning", RunEvidence(margins_all_zero=True, loss_at_ln2=True,
+                                                                columns=frozenset({"reward_margin"}))),
+    "zero2-ga-last-microbatch": ("not-learning", RunEvidence(facts={
+        "zero_stage": 2, "gradient_accumulation_steps": 4, "deepspeed_version": "0.18.0"})),
+    "zero2-shared-loss-ga-scaling": ("divergence", RunEvidence(facts={
+        "zero_stage": 2, "gradient_accumulation_steps": 4, "deepspeed_version": "0.19.0", "bf16": True,
+        "world_size": 8})),
     "rl-update-lost": ("no-grad-flow", RunEvidence(measured={("GRAD006", "degenerate_rewards"): 0},
                                                    columns=frozenset({"reward_std", "kl"}),
                                                    facts={"gradient_checkpointing": False})),
@@ -91,8 +101,14 @@ def _live_events() -> set[str]:
     return set(re.findall(r'\bevent\("([a-z0-9-]+)"', source))
 
 
+def _placed_events() -> set[str]:
+    """Event names the step placer emits for what a reader found (`event="NAME"` in sources/placer.py)."""
+    source = (Path(lossguard.__file__).parent / "sources" / "placer.py").read_text()
+    return set(re.findall(r'\bevent="([a-z0-9-]+)"', source))
+
+
 def test_conditions_name_events_the_sources_emit():
-    emitted = {name for name, _ in EVENT_PATTERNS} | _live_events()
+    emitted = {name for name, _ in EVENT_PATTERNS} | _live_events() | _placed_events()
     used = {c.subject.name for c in _conditions() if isinstance(c.subject, Event)}
     assert used and used <= emitted, used - emitted
 

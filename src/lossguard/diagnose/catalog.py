@@ -19,7 +19,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lossguard.diagnose import clues as C
-from lossguard.diagnose.clues import ALWAYS, NEVER, OFTEN, RARELY, AnyWindow, Clue, Level, in_window
+from lossguard.diagnose.clues import (
+    ALWAYS,
+    GRAD_NORM_GROWS,
+    LOSS_AT_LN2,
+    MARGINS_ZERO,
+    NEVER,
+    OFTEN,
+    RARELY,
+    AnyWindow,
+    Clue,
+    Level,
+    in_window,
+)
 from lossguard.diagnose.signatures import SIGNATURES
 from lossguard.knowledge import ISSUES, KnownIssue
 from lossguard.knowledge import deepspeed as ds
@@ -88,6 +100,10 @@ TORCH_25 = in_window("window:torch-2.5.0", VersionWindow("torch", "2.5.0", "2.5.
                      "torch 2.5.0 defaults to cuDNN SDPA on H100", RARELY)
 KERNEL_WINDOWS = in_window("window:attention-kernel-nan", AnyWindow(tr.ATTENTION_KERNEL_NAN.windows),
                            "cuDNN SDPA is on by default there")
+GA_WINDOW = window("window:zero2-ga-last-microbatch", ds.ZERO2_GA_LAST_MICROBATCH,
+                   "ZeRO-2 restarts its gradient accumulator on every micro-batch (#7718)", RARELY)
+SHARED_LOSS_WINDOW = window("window:zero2-shared-loss-ga-scaling", ds.ZERO2_SHARED_LOSS_GA,
+                            "the backward API of PR #7665 mis-scales a shared loss under accumulation (#8224)", RARELY)
 NORMAL_THEN_ZERO = C.fired("LOSS002", "the loss was normal before it fell to 0.0", C.OFTEN,
                            symptom_of=("nonfinite-hidden",))
 
@@ -216,6 +232,32 @@ CAUSES: tuple[CauseRule, ...] = (
               predicts=((C.RL_RUN, ALWAYS), (C.EQUAL_REWARDS, ALWAYS), (C.REWARDS_VARY, NEVER)),
               asks=(Ask("the reward standard deviation per group (reward_std, frac_reward_zero_std)",
                         (C.EQUAL_REWARDS, C.REWARDS_VARY)),)),
+    # A hand-written loop that never zeroes the gradients: each step applies the sum of all gradients so far,
+    # so the loss falls, then climbs back steadily while the norm grows with the step count.
+    CauseRule(tr.ZERO_GRAD_MISSING, {"divergence": 0.15},
+              predicts=((GRAD_NORM_GROWS, ALWAYS), (C.SPIKE_BEFORE, RARELY), (C.LOSS_EXPLODED, RARELY)),
+              asks=(Ask("the grad norm over the run: log it (a norm that grows with the step count is a gradient "
+                        "never zeroed)", (GRAD_NORM_GROWS,)),)),
+    # The framework's loop (Megatron-style) checks overflow only through the fp16 scaler: under bf16 a NaN
+    # step is applied and its loss field simply vanishes from the log line.
+    CauseRule(tr.FRAMEWORK_BF16_NO_NAN_CHECK, {"nonfinite": 0.1, "nonfinite-hidden": 0.05},
+              predicts=((C.BF16, ALWAYS), (C.FP16, NEVER), (C.OVERFLOW_LINES, NEVER), (C.ON_EVAL, NEVER),
+                        (C.LOSS_VANISHED, OFTEN)),
+              asks=(ASK_PRECISION, Ask("whether the training loop checks for NaN: its arguments (Megatron-LM: "
+                                       "--check-for-nan-in-loss-and-grad)", (C.LOSS_VANISHED,)))),
+    # DPO at a margin of 0 on every log: the policy never differs from its reference.
+    CauseRule(tr.DPO_POLICY_IS_REFERENCE, {"not-learning": 0.1},
+              predicts=((MARGINS_ZERO, ALWAYS), (LOSS_AT_LN2, ALWAYS)),
+              asks=(Ask("the DPO reward margins (rewards/margins) on every log", (MARGINS_ZERO,)),)),
+    # ZeRO-2 gradient-correctness regressions: no dead run, a quality loss (a slower or wrong descent). They
+    # need ZeRO stage 2, gradient accumulation and a DeepSpeed release in their (narrow) window.
+    CauseRule(ds.ZERO2_GA_LAST_MICROBATCH, {"not-learning": 0.02, "divergence": 0.02},
+              predicts=((C.ZERO2, ALWAYS), (C.GA, ALWAYS), (GA_WINDOW, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN)),
+              asks=(ASK_STAGE, ask_version(GA_WINDOW))),
+    CauseRule(ds.ZERO2_SHARED_LOSS_GA, {"not-learning": 0.02, "divergence": 0.02},
+              predicts=((C.ZERO2, ALWAYS), (C.GA, ALWAYS), (C.MULTI_RANK, ALWAYS), (C.BF16, ALWAYS),
+                        (SHARED_LOSS_WINDOW, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN)),
+              asks=(ASK_STAGE, ask_version(SHARED_LOSS_WINDOW))),
     CauseRule(tr.RL_UPDATE_LOST, {"no-grad-flow": 0.02},
               predicts=((C.RL_RUN, ALWAYS), (C.REWARDS_VARY, OFTEN), (C.EQUAL_REWARDS, NEVER)),
               asks=(Ask("the reward standard deviation per group (reward_std, frac_reward_zero_std)",

@@ -175,6 +175,10 @@ DEEPSPEED_SHOWN = Clue("deepspeed-shown", AnyKnown(("deepspeed_version", "zero_s
                        "nothing in the inputs shows DeepSpeed ZeRO (no version, stage, ZeRO setting or "
                        "sentinel grad norm)", RARELY)
 
+GA = fact("gradient_accumulation_steps", ">=", 2, "gradient accumulation over {value} micro-batches",
+          "no gradient accumulation (gradient_accumulation_steps {value})", OFTEN)
+ZERO2 = fact("zero_stage", "==", 2, "ZeRO stage 2", "ZeRO stage {value}, not 2", OFTEN)
+
 # --- What the log shows -------------------------------------------------------------------------------------
 SENTINEL = measured("GRAD001", "groups", ">=", 1, "grad_norm is pinned at DeepSpeed ZeRO's sqrt(k) sentinel for "
                     "non-finite gradients", background=OFTEN, symptom_of=("nonfinite-hidden",))
@@ -213,6 +217,10 @@ RESPONSE_KEY_MISSING = event("response-key-missing", "{value} 'Could not find re
 IMAGE_TOKEN_MISMATCH = event("image-token-mismatch", "{value} image-token mismatch warnings", NEVER)
 MASKED_BATCHES = fired("LABEL001", "batches with no supervised token were logged", RARELY,
                        symptom_of=("masked-labels",))
+# A Megatron-style line that drops its loss field (printed only when the interval's average is > 0): a NaN
+# the loop applied without a check. A loop with a NaN check skips the step and says so instead.
+LOSS_VANISHED = event("loss-field-vanished", "{value} iteration lines without their loss field: the loop applied a "
+                      "NaN step without a NaN check")
 NO_INPUT_GRAD = event("no-input-grad", "PyTorch warned 'None of the inputs have requires_grad=True'")
 REENTRANT = event("reentrant-checkpoint", "a reentrant checkpointing warning")
 NOT_IN_OPTIMIZER = event("trainable-not-in-optimizer", "parameters that train are not in the optimizer")
@@ -238,6 +246,17 @@ REWARDS_VARY = measured("GRAD006", "degenerate_rewards", "<=", 0, "the rewards v
                         "zero-gradient step, so the advantages are not all 0", background=OFTEN)
 RANKS_DIFFER = fired("RANK001", "the ranks' weight fingerprints or losses differ", RARELY,
                      symptom_of=("rank-desync",))
+GRAD_NORM_GROWS = Clue("grad-norm-grows", RunNumber("grad_norm_grows", "the grad norm rises steadily",
+                                                    "the grad_norm column"), "==", True,
+                       "the grad norm rises step after step, ending several times where it began",
+                       "the grad norm does not rise steadily", RARELY)
+MARGINS_ZERO = Clue("margins-zero", RunNumber("margins_all_zero", "every reward margin is exactly 0",
+                                              "the rewards/margins column"), "==", True,
+                    "rewards/margins is exactly 0 on every log: the policy and the reference never differ",
+                    "rewards/margins moves off 0: the policy differs from its reference", RARELY)
+LOSS_AT_LN2 = Clue("loss-at-ln2", RunNumber("loss_at_ln2", "every loss is ln 2", "the loss column"), "==", True,
+                   "the loss is ln 2 = 0.6931 on every log: a pairwise loss at a margin of exactly 0",
+                   "the loss moves off ln 2", RARELY)
 LABEL_COLUMN = Clue("column:num_label_tokens", Column(("num_label_tokens",)), "==", True,
                     "the log counts the supervised tokens per batch")
 LR_COLUMN = Clue("column:lr", Column(("lr",)), "==", True, "the log shows the learning rate")

@@ -167,7 +167,10 @@ def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) 
                        onset_origin=_at(onset, ordinal), steady_logs_before_onset=_steady_before(result, onset),
                        columns=frozenset(signal for signal, _ in result.series.series),
                        train_losses_finite=_train_losses_finite(result),
-                       zero_norm_at_zero_lr=_zero_norm_at_zero_lr(result))
+                       zero_norm_at_zero_lr=_zero_norm_at_zero_lr(result),
+                       grad_norm_grows=_grows_steadily(list(_line(result, "grad_norm").values())),
+                       margins_all_zero=_all_zero(_line(result, "reward_margin")),
+                       loss_at_ln2=_all_at(_line(result, "loss"), math.log(2)))
 
 
 def _line(result: EngineResult, signal: str) -> dict[int, float]:
@@ -182,6 +185,28 @@ def _train_losses_finite(result: EngineResult) -> bool | None:
     if not losses:
         return None
     return all(math.isfinite(v) and v != 0.0 for v in losses.values())
+
+
+# A steady rise: over at least this many logs, at least this share of the steps go up, and the last value is
+# at least this many times the first. A sum of every gradient since the start grows so; a noisy norm does not.
+_RISE_LOGS, _RISE_SHARE, _RISE_FACTOR = 8, 0.8, 3.0
+
+
+def _grows_steadily(values: list[float]) -> bool | None:
+    values = [v for v in values if math.isfinite(v)]
+    if len(values) < _RISE_LOGS:
+        return None
+    ups = sum(b > a for a, b in zip(values, values[1:]))
+    return ups >= _RISE_SHARE * (len(values) - 1) and values[-1] >= _RISE_FACTOR * max(values[0], 1e-12)
+
+
+def _all_zero(line: dict[int, float]) -> bool | None:
+    return None if not line else all(v == 0.0 for v in line.values())
+
+
+def _all_at(line: dict[int, float], value: float) -> bool | None:
+    """Every value is `value` to four decimals (the Trainer's rounding; bf16 prints ln 2 as 0.6932)."""
+    return None if len(line) < 2 else all(abs(v - value) <= 1.5e-4 for v in line.values())
 
 
 _STUCK_LOGS = 3  # an LR of 0 on fewer logs can be a warmup's start

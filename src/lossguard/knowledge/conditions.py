@@ -42,6 +42,13 @@ class RunEvidence:
     # The learning rate is exactly 0 on at least three logs (stuck, not a warmup's first log): is the grad
     # norm beside it exactly 0 on every such log (True), or not (False)? None: no log shows that.
     zero_norm_at_zero_lr: bool | None = None
+    # The grad norm rises steadily over the run (most steps up, ending several times where it began); None:
+    # too few grad norms logged to tell.
+    grad_norm_grows: bool | None = None
+    # Every DPO reward margin logged is exactly 0 (True) or one is not (False); None: no margin column.
+    margins_all_zero: bool | None = None
+    # Every training loss logged is ln 2 to its printed precision (a pairwise loss at a margin of 0).
+    loss_at_ln2: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,7 +154,9 @@ class StepPlacer:
                     continue
                 step = self.last_step
             if fields.form == Form.MEGATRON:
-                self._megatron_vanished(signals, step)
+                if self._megatron_vanished(signals, step):  # the reader's fact, for the causes: an event too
+                    out.append(Record(step=step, kind=EVENT, event="loss-field-vanished", source=self.source,
+                                      line_no=line_no, data={"skipped": signals.get("skipped_steps", 0.0)}))
                 if "skipped_steps" in signals:
                     self._megatron_skipped += signals["skipped_steps"]
                     signals["skipped_steps"] = self._megatron_skipped
@@ -189,20 +191,22 @@ class StepPlacer:
             self._real_steps = True
         return self.numbered(numbered, line_no)
 
-    def _megatron_vanished(self, signals: dict[str, float], step: int) -> None:
+    def _megatron_vanished(self, signals: dict[str, float], step: int) -> bool:
         """Megatron prints a loss only when its interval average is `> 0.0`: a NaN average (bf16 runs have no
         NaN check, so `number of nan iterations` stays 0) or a zero one drops the field from the line. A line
         without its loss in a log whose lines had one is that: a loss no longer finite, read as NaN. An
         interval whose iterations were all skipped (fp16 overflows) drops it too, and is no NaN: its skip
-        count says so."""
+        count says so. True when the line's loss vanished so."""
         last, self._megatron_step = self._megatron_step, step
         if "loss" in signals:
             self._megatron_loss = True
-            return
+            return False
         skipped = signals.get("skipped_steps", 0.0)
         all_skipped = skipped > 0 and (last is None or step <= last or skipped >= step - last)
         if self._megatron_loss and not all_skipped:
             signals["loss"] = float("nan")
+            return True
+        return False
 
     # -- events and facts ------------------------------------------------------------------------------
     def event(self, fields: Fields, line_no: int | None) -> Record:
