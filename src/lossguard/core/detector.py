@@ -75,6 +75,15 @@ class Detector:
     def finish(self) -> list[Finding]:
         return []
 
+    predicts: dict[str, str] = {}
+    """{column: what the mechanism behind a run-killing finding predicts there}, for every column a log may
+    show (`loss`, `grad_norm`, `lr`, `eval_loss`, `reward`, `loss_scale`, ...). A detector whose finding can
+    call a run broken declares it, and `review` keeps the verdict only while no column contradicts it."""
+
+    def review(self) -> None:
+        """Called by the engine once, after every detector's `finish`: where a column the log shows
+        contradicts what this detector's finding claims, the finding stops calling the run broken."""
+
 
 class Plain(Detector):
     """A detector object that does not derive from `Detector` (a plugin's `observe` / `finish` only), with

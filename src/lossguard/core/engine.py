@@ -229,6 +229,13 @@ class Engine:
                 new.extend(detector.finish())
             except Exception as exc:
                 new.append(self._internal_error(detector, exc))
+        for detector in self.detectors:  # every column has been seen: a rule checks its finding against them
+            if detector.code in self._broken:
+                continue
+            try:
+                detector.review()
+            except Exception as exc:
+                new.append(self._internal_error(detector, exc))
         self._collect(new)
         return EngineResult(
             findings=self.findings,

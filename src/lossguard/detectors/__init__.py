@@ -9,6 +9,7 @@ from lossguard.detectors import (  # noqa: F401
     overflow,
     ranks,
     repeats,
+    rl,
     trends,
     zeros,
 )

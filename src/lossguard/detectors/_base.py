@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import math
 from collections.abc import Callable
@@ -155,10 +156,51 @@ class PerRank(Generic[S]):
         return self._states.items()
 
 
+class LossRun:
+    """The first and last HEAD losses of a run of logs (O(1) per log): enough to tell a loss that falls
+    through the run from one that only wanders around a level."""
+
+    HEAD = 5
+    __slots__ = ("num", "head", "tail")
+
+    def __init__(self) -> None:
+        self.num = 0
+        self.head: list[float] = []
+        self.tail: collections.deque = collections.deque(maxlen=self.HEAD)
+
+    def add(self, loss: float | None) -> None:
+        if loss is None or not math.isfinite(loss):
+            return
+        self.num += 1
+        if len(self.head) < self.HEAD:
+            self.head.append(loss)
+        self.tail.append(loss)
+
+    def fell(self) -> tuple[float, float] | None:
+        """(first mean, last mean) when the loss fell through the run: six logs or more, the last ones
+        (up to HEAD, at most half the run) averaging under 90% of as many first ones and under the lowest
+        of them (batch noise around a level does neither), else None."""
+        if self.num < 6:
+            return None
+        size = min(self.HEAD, self.num // 2)
+        head, tail = self.head[:size], list(self.tail)[-size:]
+        first, last = sum(head) / size, sum(tail) / size
+        return (first, last) if last < 0.9 * first and last < min(head) else None
+
+    def moved(self) -> bool:
+        """Not one value (to 0.1%) throughout: the loss a frozen model gives on one repeated batch."""
+        values = [*self.head, *self.tail]
+        return bool(values) and max(values) - min(values) > 1e-3 * max(abs(v) for v in values)
+
+
 class DetectorBase(Detector):
-    """Emits one finding at the onset (the first time its condition holds), then counts."""
+    """Emits one finding at the onset (the first time its condition holds), then counts. A finding that
+    can call the run broken is checked against the other columns at the end (`review`): the detector's
+    `predicts` table says what its mechanism predicts in each column, and `contradiction` returns what a
+    column the log shows does against it; then the finding drops to `demoted` and says why."""
 
     severity = Severity.ERROR
+    demoted = Severity.INFO  # a contradicted finding: the symptom is real, the death it stood for is not
 
     def __init__(self) -> None:
         super().__init__()
@@ -185,3 +227,15 @@ class DetectorBase(Detector):
         if self.fired is not None and self.count > 1:
             self.fired.data["occurrences"] = self.count
         return []
+
+    def contradiction(self) -> str | None:
+        """What a column of this log shows against the fired finding's mechanism, or None."""
+        return None
+
+    def review(self) -> None:
+        fired = self.fired
+        if fired is None or fired.severity < Severity.ERROR or (why := self.contradiction()) is None:
+            return
+        fired.severity = self.demoted
+        fired.data["contradicted"] = why
+        fired.message += f"; but {why}, so it is not a dead run"

@@ -26,6 +26,8 @@ from lossguard.detectors.registry import register
 CLASSES = range(3, 11)
 TOLERANCE = 0.002  # relative to ln(k)
 CHANCE_LOGS = 5  # logs at chance, from the first of their kind, that make a run
+# A log whose first step is later than this does not show where the loss started (LOSS004's same bound).
+_FROM_START = 100
 _FELL = 0.9  # a train loss whose last logs average under 90% of its first ones is learning something
 _EDGES = tuple(edge for k in CLASSES for edge in (math.log(k) * (1 - TOLERANCE), math.log(k) * (1 + TOLERANCE)))
 
@@ -52,6 +54,17 @@ class LossAtChance(DetectorBase):
 
     wants = frozenset({"eval_loss"})
     spared_when: dict = {}  # evaluations are never batched; no train record is of interest
+    predicts = {
+        "loss": "ln(k) from the start of training to the end: a freshly initialised k-way head guesses "
+                "uniformly and a model that learns nothing stays there (a log that begins after the start "
+                "shows a plateau, not where it came from: an LM's loss starts near ln of its vocabulary and "
+                "can level off anywhere, ln 10 = 2.30 included)",
+        "eval_loss": "ln(k) from the first evaluation to the last",
+        "eval_accuracy": "about 1/k",
+        "grad_norm": "anything (a uniform head still gets gradients)",
+        "lr": "anything",
+    }
+    demoted = Severity.WARNING  # a flat loss is still worth a look
     code = "LOSS010"
     name = "loss.at-chance"
     signature = "not-learning"
@@ -88,6 +101,15 @@ class LossAtChance(DetectorBase):
             if (k := _train_at_chance(profile)) is not None:
                 return self._report("training loss", k, profile.num, profile.first_step, rank)
         return []
+
+    def contradiction(self) -> str | None:
+        firsts = [run[2] for run in self._evals.values()] + [p.first_step for _, p in self.profile.items()]
+        first = min((step for step in firsts if step is not None), default=None)
+        if first is None or first <= _FROM_START:
+            return None
+        return (f"the log begins at step {first}, after the start of training: a loss level reached from "
+                "above is a plateau, and ln(k) means chance only for a k-way choice that sat there from its "
+                "first step")
 
     def _report(self, what: str, k: int, count: int, since: int | None, rank: int | None) -> list[Finding]:
         return self.emit(f"the {what} stays at ln({k}) = {math.log(k):.4f} in all {count} logs from step {since}: "

@@ -16,7 +16,7 @@ import math
 from lossguard.core.column_tests import absent, finite, finite_nonzero, nonzero, zero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, Streak, is_nonfinite
+from lossguard.detectors._base import DetectorBase, LossRun, Streak, is_nonfinite, printed_tolerance
 from lossguard.detectors.registry import register
 
 _MID_RUN_STREAK = 3
@@ -228,6 +228,16 @@ class LearningRateZero(DetectorBase):
     shows 11 steps without an optimizer step). A run of zeros after the LR had moved counts at three logs."""
 
     wants = frozenset({"lr", "lr-before-step", "overflow"})
+    predicts = {
+        "lr": "exactly 0 and staying there; after it had moved, reached from a value its print could not "
+              "round to 0 (an LR whose last value before the zeros is the smallest one its print shows, "
+              "0.0001 at four decimals, may be a decaying LR printed as 0)",
+        "loss": "no trend over the logs at LR 0: weights that are not updated do not learn (a loss that falls "
+                "contradicts it; one that moves beside a rounded LR does too)",
+        "grad_norm": "finite or 0.0 (DeepSpeed's before its first applied step); NaN on skipped steps",
+        "loss_scale": "falling on skipped steps (fp16) or absent",
+        "eval_loss": "flat",
+    }
     code = "LR001"
     name = "lr.stuck-at-zero"
     signature = "lr-zero"
@@ -244,6 +254,9 @@ class LearningRateZero(DetectorBase):
         self._overflow_steps: set[int] = set()
         self._num_zero_lr = 0  # zero-LR logs (rank 0 / the run's), counted or not
         self._startup = False  # the current run of zeros began with every LR log before it 0
+        self._lr_before: float | None = None  # the LR logged just before the current run of zeros
+        self._losses = LossRun()  # the losses logged over the current run of zeros
+        self._fired_run: tuple[float | None, LossRun] | None = None  # those two for the run that fired
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT and record.event == "lr-before-step":
@@ -268,6 +281,9 @@ class LearningRateZero(DetectorBase):
             self._steps.clear()
         if self._zero.update(True, record.step) == 1:
             self._startup = self._num_zero_lr == seq  # no LR log so far was anything but 0
+            self._lr_before = None if self._startup else self.counts.previous(record.rank, "lr")
+            self._losses = LossRun()
+        self._losses.add(record.signals.get("loss"))
         if not self._startup:
             return self._report() if self._zero.count >= self._STREAK else []
         # Only where the log says no step was applied since step 1: the Trainer's warning, or DeepSpeed's grad
@@ -288,6 +304,8 @@ class LearningRateZero(DetectorBase):
     def _report(self, why: str = "") -> list[Finding]:
         if self._warned_before_step:
             why += f"; the Trainer warned {self._warned_before_step}x that the scheduler has not stepped"
+        if self.fired is None:
+            self._fired_run = (self._lr_before, self._losses)
         logs = f"{self._zero.count} logs in a row" if self._zero.count > 1 else "the log"
         return self.emit(f"learning rate is 0 in {logs} from step {self._zero.since}: the weights are not being "
                          f"updated{why}", self._zero.since)
@@ -301,6 +319,19 @@ class LearningRateZero(DetectorBase):
         super().finish()
         return found
 
+    def contradiction(self) -> str | None:
+        if self._fired_run is None:
+            return None
+        before, losses = self._fired_run
+        if (fell := losses.fell()) is not None:
+            return (f"the loss falls from {fell[0]:.4g} to {fell[1]:.4g} over the {losses.num} logs at LR 0: the "
+                    "weights are updated, so the logged LR is not the optimizer's (rounded by the print, or a "
+                    "wrapper's)")
+        if before is not None and _rounds_to_zero(before) and losses.moved():
+            return (f"the LR just before the zeros was {before:g}, the smallest value its print shows: a "
+                    "decaying LR under half of that prints as 0, and the loss moves meanwhile")
+        return None
+
     def _skipped(self, record: Record) -> bool:
         """The step of this log was skipped: the skip counter grew, or (in a log without skip counters)
         the grad norm is non-finite next to a finite loss."""
@@ -313,3 +344,10 @@ class LearningRateZero(DetectorBase):
         loss = record.signals.get("loss")
         return is_nonfinite(record.signals.get("grad_norm")) and loss is not None and loss != 0.0 \
             and not is_nonfinite(loss)
+
+
+def _rounds_to_zero(lr: float) -> bool:
+    """The LR is the smallest non-zero value of a fixed-decimal print (0.0001 at four decimals): the next
+    lower value of a decaying LR may print as 0."""
+    tolerance = printed_tolerance(lr)  # 1e-6 for a full float repr, which rounds nothing
+    return tolerance > 1e-6 and 0 < lr <= 3 * tolerance

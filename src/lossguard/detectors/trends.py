@@ -52,6 +52,14 @@ class LossNotLearning(TrendDetector):
     too small to matter); where it saw them stand still (update ratio 0, one fingerprint throughout) they
     are not updated; a log with neither signal gets both explanations, joined by "or"."""
 
+    predicts = {
+        "loss": "the same value log after log, or under 1% of movement from the start to the end",
+        "update_ratio": "0 when the weights stand still; above 0 when they move and the data teaches nothing",
+        "param_fingerprint": "unchanged when the weights stand still",
+        "reward_margin": "0 throughout for a DPO policy identical to its reference (loss ln 2)",
+        "grad_norm": "tiny (then LOSS008) or normal",
+        "lr": "anything (an LR of 0 is LR001's)",
+    }
     code = "LOSS004"
     name = "loss.flat"
     signature = "not-learning"

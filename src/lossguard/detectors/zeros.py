@@ -3,10 +3,12 @@ the bare `zero-loss` when nothing tells which. KNOWLEDGE.md §0.3, §1 S4/S6, D1
 
 from __future__ import annotations
 
+import math
+
 from lossguard.core.column_tests import absent, nonzero
 from lossguard.core.findings import Finding, Severity
 from lossguard.core.records import EVENT, TRAIN, Record
-from lossguard.detectors._base import DetectorBase, Streaks, is_nonfinite, is_rl, sentinel_index
+from lossguard.detectors._base import DetectorBase, LossRun, Streaks, is_nonfinite, is_rl, sentinel_index
 from lossguard.detectors.registry import register
 
 _STREAK = 2  # two logs, not one: a single fp16 skip also logs grad_norm 0.0
@@ -139,6 +141,14 @@ class NoGradientFlow(DetectorBase):
 
     wants = frozenset({"grad_norm", "overflow", "no-input-grad"})
     spared_when_changes = True  # while a run of zero norms is open, every grad norm
+    predicts = {
+        "grad_norm": "exactly 0, log after log",
+        "loss": "finite, not 0, and no trend: weights that get no gradient do not change, so the loss only "
+                "wanders with the batches (a loss that falls through the run contradicts it)",
+        "lr": "anything (the schedule steps whether or not a gradient arrives)",
+        "eval_loss": "flat",
+        "loss_scale": "steady (an fp16 skip also logs grad_norm 0: those steps are left out)",
+    }
     code = "GRAD002"
     name = "grad.no-flow"
     signature = "no-grad-flow"
@@ -147,6 +157,8 @@ class NoGradientFlow(DetectorBase):
     def __init__(self) -> None:
         super().__init__()
         self._grad_zero = Streaks()  # grad_norm 0, loss finite and non-zero
+        self._losses: dict[int | None, LossRun] = {}  # each rank's losses over its current run of zero norms
+        self._fired_losses: LossRun | None = None  # those of the run that fired
         self._overflow_steps: set[int] = set()
         self.hints: list[str] = []
 
@@ -168,7 +180,13 @@ class NoGradientFlow(DetectorBase):
         # An fp16 skip also logs grad_norm 0.0: such a step breaks the run instead of extending it.
         holds = grad == 0.0 and loss != 0.0 and not is_nonfinite(loss) and record.step not in self._overflow_steps
         streak = self._grad_zero.update(record.rank, holds, record.step)
+        if streak.count == 1:
+            self._losses[record.rank] = LossRun()
+        if streak.count:
+            self._losses[record.rank].add(loss)
         if streak.count >= _STREAK:
+            if self.fired is None:
+                self._fired_losses = self._losses[record.rank]
             hint = f" ({'; '.join(self.hints)})" if self.hints else ""
             # A zero norm beside an LR still at 0 is what a skipped step prints (DeepSpeed returns before
             # computing the norm, and the scheduler does not step): the ranking reads it.
@@ -178,6 +196,15 @@ class NoGradientFlow(DetectorBase):
                 f"grad_norm is exactly 0 from step {streak.since} while the loss is {loss:g}: "
                 f"no trainable parameter receives a gradient{hint}", streak.since, record.rank, **data)
         return []
+
+    def contradiction(self) -> str | None:
+        fell = self._fired_losses.fell() if self._fired_losses is not None else None
+        if fell is None:
+            return None
+        return (f"the loss falls from {fell[0]:.4g} to {fell[1]:.4g} over the {self._fired_losses.num} logs with "
+                "grad_norm 0: the weights are updated, so the logged norm is not the gradient's (a layer-wise "
+                "optimizer steps each parameter inside its gradient hook and frees the gradient, so the "
+                "Trainer's norm sees none)")
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow" and record.step is not None:
@@ -325,6 +352,15 @@ class ZeroLossAndLearningRate(DetectorBase):
 
     wants = frozenset({"lr"})
     spared_when = {"lr": nonzero, "loss": nonzero}
+    predicts = {
+        "lr": "0 in every log up to this one: no step was applied, so the scheduler never stepped (an LR "
+              "logged non-zero before it contradicts it: the scheduler stepped, and one that decays to 0 is "
+              "its schedule's end)",
+        "loss": "0.0: the NaN filter's stand-in or a batch with nothing to learn",
+        "grad_norm": "0.0 (DeepSpeed's until its first applied step), NaN or absent",
+        "loss_scale": "halving on every step (fp16 overflow) or absent",
+        "eval_loss": "anything",
+    }
     code = "LR002"
     name = "lr.zero-with-zero-loss"
     signature = "lr-zero"
@@ -334,41 +370,18 @@ class ZeroLossAndLearningRate(DetectorBase):
         if record.kind != TRAIN or is_rl(record):  # an RL loss is 0.0 at the start, before the first step
             return []
         if record.signals.get("loss") == 0.0 and record.signals.get("lr") == 0.0:
+            # The LR logged before this one (spared records counted too): non-zero when the scheduler stepped.
+            before = self.counts.previous(record.rank, "lr") if self.counts.seq(record.rank, "lr") > 1 else None
+            self._lr_before = before if self.fired is None else self._lr_before
             return self.emit(f"loss and learning rate are both exactly 0 at step {record.step}: no optimizer step "
                              "has been applied and the loss is not a real one", record.step, record.rank)
         return []
 
+    _lr_before: float | None = None
 
-@register
-class RlZeroUpdate(DetectorBase):
-    """GRAD006: an RL trainer (GRPO/PPO: reward and KL in the log) reports a gradient norm of exactly 0: the
-    step changes nothing. When every group's rewards are equal (`reward_std` 0, `frac_reward_zero_std` 1),
-    every group-normalised advantage is 0 and so is the policy gradient (with beta 0 there is no KL term
-    either): fix the reward functions or sampling (more generations per prompt, a higher temperature,
-    rewards that tell completions apart). When the rewards do vary, the gradient was lost on its way to
-    the weights: frozen or untracked parameters, or an old DeepSpeed ZeRO version; upgrade DeepSpeed and
-    check which parameters require grad."""
-
-    wants = frozenset({"grad_norm"})
-    spared_when = {"grad_norm": nonzero}
-    code = "GRAD006"
-    name = "rl.zero-update"
-    signature = "no-grad-flow"
-    severity = Severity.ERROR
-
-    def observe(self, record: Record) -> list[Finding]:
-        if record.kind != TRAIN or record.signals.get("grad_norm") != 0.0 or not is_rl(record):
-            return []
-        std, zero_std = record.signals.get("reward_std"), record.signals.get("frac_reward_zero_std")
-        if std == 0.0 or zero_std == 1.0:
-            # Only one of the two may be logged (TRL logs frac_reward_zero_std, others reward_std).
-            shown = f"reward_std {std:g}" if std is not None else f"frac_reward_zero_std {zero_std:g}"
-            return self.emit(
-                f"grad_norm is exactly 0 at step {record.step} and every group's rewards are equal ({shown}): "
-                "every advantage is 0, so the policy gradient vanishes and the step changes nothing",
-                record.step, record.rank, degenerate_rewards=1)
-        detail = f" (reward_std {std:g})" if std is not None else ""
-        return self.emit(
-            f"grad_norm is exactly 0 at step {record.step} although the rewards vary{detail}: the policy "
-            "gradient never reaches the trainable weights (frozen parameters, or an engine bug such as an old "
-            "DeepSpeed ZeRO version)", record.step, record.rank, degenerate_rewards=0)
+    def contradiction(self) -> str | None:
+        before = self._lr_before
+        if before is None or before == 0.0 or not math.isfinite(before):
+            return None
+        return (f"the learning rate was {before:g} in the log before: the scheduler was stepping, so steps were "
+                "applied, and an LR that reaches 0 there is its schedule's end, not a frozen one")

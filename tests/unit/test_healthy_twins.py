@@ -1,0 +1,193 @@
+"""Healthy twins (issue 31): every rule that can call a run broken has a twin that shares its symptom and
+trains, and reads healthy or warning, while the matching death still reads broken. A rule checks the other
+columns (its `predicts` table) and stays quiet when one contradicts it.
+
+Real twins are the logs of tests/fixtures/twins/ (real tiny `transformers.Trainer` / PyTorch runs on CPU,
+written by tests/fixtures/twins/make_twins.py); the others are scripted here in the format the real tool
+prints, and say so."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from lossguard.api import analyze
+from lossguard.detectors import make_detectors
+from lossguard.diagnose.signatures import SIGNATURES
+
+TWINS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "twins"
+
+
+def _analyze(tmp_path, text: str, name: str = "train.log"):
+    log = tmp_path / name
+    log.write_text(text)
+    return analyze([log])
+
+
+def _rows(dicts) -> str:
+    return "".join(repr(d) + "\n" for d in dicts)
+
+
+def _codes(diagnosis) -> dict:
+    return {f.code: str(f.severity) for f in diagnosis.findings}
+
+
+def _train_loss(values, **columns):
+    return [{"loss": v, **{k: (c(i) if callable(c) else c) for k, c in columns.items()}, "epoch": i / 10}
+            for i, v in enumerate(values)]
+
+
+# -- GRAD002: grad_norm 0 beside a loss that falls (real run) -----------------------------------------------
+
+@pytest.mark.parametrize("name", ["train.log", "trainer_state.json"])
+def test_grad002_twin_real_layerwise_optimizer_reads_healthy(name):
+    """Real: per-parameter AdamW stepped in post-accumulate-grad hooks; the Trainer logs grad_norm 0."""
+    d = analyze([TWINS_DIR / "layerwise" / name])
+    assert d.verdict in ("healthy", "warning"), (d.verdict, d.signature)
+    assert _codes(d).get("GRAD002") == "info"  # the symptom is seen, and contradicted by the falling loss
+
+
+def test_grad002_death_grad_zero_beside_a_loss_that_only_wanders_is_broken(tmp_path):
+    """Scripted (HF 4.x dict lines): nothing trains, the loss wanders with the batches around one level."""
+    losses = [2.1 + 0.08 * math.sin(3 * i) for i in range(30)]
+    d = _analyze(tmp_path, _rows(_train_loss(losses, grad_norm=0.0, learning_rate=1e-4)))
+    assert (d.verdict, d.signature) == ("broken", "no-grad-flow")
+
+
+# -- LR002 / LR001: an LR at 0 at the end of a schedule --------------------------------------------------
+
+def test_lr_twin_real_linear_schedule_to_zero_on_a_memorising_run_reads_healthy():
+    """Real: a plain loop, linear schedule to 0, four samples memorised; its last log prints LR 0.0."""
+    d = analyze([TWINS_DIR / "memorise" / "train.log"])
+    assert d.verdict == "healthy" and d.signature in (None, "memorization"), (d.verdict, d.signature)
+
+
+def test_lr002_twin_schedule_end_with_a_loss_rounded_to_zero_is_memorization(tmp_path):
+    """Scripted (HF 4.x: round(loss, 4), the LR after scheduler.step()): a loss that decays to 0.0 as its
+    linear schedule reaches 0."""
+    n = 30
+    rows = [{"loss": round(2.5 * 0.6 ** i, 4), "grad_norm": 3.0 * 0.7 ** i, "learning_rate": 5e-4 * (1 - (i + 1) / n),
+             "epoch": (i + 1) / n * 10} for i in range(n)]
+    assert rows[-1]["loss"] == 0.0 and rows[-1]["learning_rate"] == 0.0
+    d = _analyze(tmp_path, _rows(rows))
+    assert (d.verdict, d.signature) == ("healthy", "memorization")
+    assert _codes(d).get("LR002") == "info"
+
+
+def test_lr002_death_loss_and_lr_zero_from_the_first_log_is_broken(tmp_path):
+    d = _analyze(tmp_path, _rows([{"loss": 0.0, "learning_rate": 0.0, "epoch": i / 10} for i in range(1, 4)]))
+    assert d.verdict == "broken" and "LR002" in _codes(d)
+
+
+def test_lr001_twin_an_lr_rounded_to_zero_by_its_print_while_the_loss_moves(tmp_path):
+    """Scripted (a four-decimal print, as LLaMA-Factory-style logs round): a decaying LR reaches 0.0001
+    and then prints 0.0000 for its last logs while the loss moves."""
+    rows = _train_loss([2.0 - 0.04 * i + 0.03 * math.sin(i) for i in range(24)], grad_norm=1.0,
+                       learning_rate=lambda i: round(2e-4 * (1 - i / 22), 4))
+    assert [r["learning_rate"] for r in rows[-3:]] == [0.0, 0.0, 0.0]
+    d = _analyze(tmp_path, _rows(rows))
+    assert d.verdict in ("healthy", "warning"), (d.verdict, d.signature, _codes(d))
+
+
+def test_lr001_death_an_lr_at_zero_from_the_start_to_the_end_while_the_loss_is_flat(tmp_path):
+    """Scripted: the scheduler never steps, the LR is 0 in every log and the loss only wanders."""
+    losses = [2.0 + 0.01 * math.sin(i) for i in range(12)]
+    d = _analyze(tmp_path, _rows(_train_loss(losses, grad_norm=1.0, learning_rate=0.0)))
+    assert (d.verdict, d.signature) == ("broken", "lr-zero")
+
+
+# -- GRAD006: one GRPO group with identical rewards --------------------------------------------------------
+
+def _grpo(zero_at):
+    rows = []
+    for i in range(21):
+        zero = i in zero_at
+        rows.append({"loss": 0.0 if zero else 0.001 * i, "grad_norm": 0.0 if zero else 0.5 + i / 50,
+                     "learning_rate": 1e-6, "reward": 0.5 if zero else 0.3 + i / 100,
+                     "reward_std": 0.0 if zero else 0.2, "frac_reward_zero_std": 1.0 if zero else 0.1,
+                     "kl": 0.001 * i, "epoch": i / 21})
+    return _rows(rows)
+
+
+def test_grad006_twin_one_grpo_record_with_equal_rewards_is_an_event(tmp_path):
+    """Scripted (TRL GRPO's logged keys): one step whose groups all scored alike, among twenty that train."""
+    d = _analyze(tmp_path, _grpo({10}))
+    assert d.verdict in ("healthy", "warning")
+    assert _codes(d)["GRAD006"] == "warning"
+
+
+def test_grad006_death_every_grpo_record_with_equal_rewards_is_broken(tmp_path):
+    d = _analyze(tmp_path, _grpo(set(range(21))))
+    assert (d.verdict, d.signature) == ("broken", "no-grad-flow")
+
+
+# -- LOSS010: a plateau at ln 10 that is no 10-way guess -------------------------------------------------------
+
+def test_loss010_twin_an_lm_plateau_at_ln_10_logged_mid_run_is_not_chance(tmp_path):
+    """Scripted (HF dicts with step numbers): an LM pre-training plateau at 2.30 from step 5000."""
+    rows = [{"loss": round(math.log(10) * (1 + 0.0015 * math.sin(i)), 4), "grad_norm": 0.3 + i / 100,
+             "learning_rate": 1e-4, "step": 5000 + 10 * i} for i in range(20)]
+    d = _analyze(tmp_path, _rows(rows))
+    assert d.verdict in ("healthy", "warning"), (d.verdict, d.signature)
+
+
+def test_loss010_death_a_loss_at_ln_4_from_the_first_step_is_broken(tmp_path):
+    rows = [{"loss": round(math.log(4) * (1 + 1e-3 * math.sin(i)), 4), "learning_rate": 1e-5, "step": 10 * i + 10}
+            for i in range(12)]
+    d = _analyze(tmp_path, _rows(rows))
+    assert (d.verdict, d.signature) == ("broken", "not-learning")
+
+
+# -- LOSS004: DPO at ln 2 -----------------------------------------------------------------------------------
+
+def _dpo(dead: bool):
+    return _rows({"loss": 0.6931 if dead else round(0.6931 - 0.012 * i, 4), "grad_norm": 1.2 + i / 10,
+                  "learning_rate": 5e-7, "rewards/chosen": 0.0 if dead else 0.01 * i,
+                  "rewards/rejected": 0.0 if dead else -0.01 * i, "rewards/margins": 0.0 if dead else 0.02 * i,
+                  "rewards/accuracies": 0.0 if dead else 0.5 + i / 50, "epoch": i / 20} for i in range(20))
+
+
+def test_loss004_twin_a_dpo_loss_that_leaves_ln_2_reads_healthy(tmp_path):
+    """Scripted (TRL DPOTrainer's keys): a pairwise loss starts at ln 2 by construction and leaves it."""
+    assert _analyze(tmp_path, _dpo(dead=False)).verdict == "healthy"
+
+
+def test_loss004_death_a_dpo_policy_identical_to_its_reference_is_broken(tmp_path):
+    """ln 2 with rewards/chosen, rejected and margins exactly 0 on every log: the policy is its reference."""
+    d = _analyze(tmp_path, _dpo(dead=True))
+    assert (d.verdict, d.signature) == ("broken", "not-learning")
+
+
+# -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
+
+TWINS = {
+    "GRAD002": test_grad002_twin_real_layerwise_optimizer_reads_healthy,
+    "LR002": test_lr002_twin_schedule_end_with_a_loss_rounded_to_zero_is_memorization,
+    "LR001": test_lr001_twin_an_lr_rounded_to_zero_by_its_print_while_the_loss_moves,
+    "GRAD006": test_grad006_twin_one_grpo_record_with_equal_rewards_is_an_event,
+    "LOSS010": test_loss010_twin_an_lm_plateau_at_ln_10_logged_mid_run_is_not_chance,
+    "LOSS004": test_loss004_twin_a_dpo_loss_that_leaves_ln_2_reads_healthy,
+}
+# Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
+# shrinks: a new rule must land with its `predicts` table and its twin.
+NO_TWIN_YET = {"LOSS001", "LOSS002", "GRAD001", "LOSS011", "SCALE001", "RANK001", "LOSS008", "LOSS005",
+               "LOSS009", "LABEL001", "GRAD003", "GRAD004", "GRAD005", "LOSS003"}
+
+
+def _broken_capable():
+    return [d for d in make_detectors() if SIGNATURES.get(d.signature, ("",))[0] == "broken"]
+
+
+def test_every_rule_that_can_call_a_run_broken_has_a_twin_and_a_table():
+    codes = {d.code for d in _broken_capable()}
+    assert codes, "no broken-capable rule found"
+    missing = codes - set(TWINS) - NO_TWIN_YET
+    assert not missing, f"rules that can call a run broken without a healthy twin: {sorted(missing)}"
+    assert not (NO_TWIN_YET - codes), "NO_TWIN_YET names a rule that is gone or cannot call a run broken"
+    assert not (NO_TWIN_YET & set(TWINS)), "a rule with a twin must leave NO_TWIN_YET"
+    for detector in _broken_capable():
+        if detector.code in TWINS:
+            assert {"loss", "grad_norm", "lr"} & set(detector.predicts), detector.code
+            assert all(isinstance(v, str) and v for v in detector.predicts.values()), detector.code
