@@ -256,3 +256,27 @@ def test_mmengine_fields_separated_by_a_tab():
     assert record.step == 10 and record.signals["lr"] == 1.3e-07 and record.signals["loss"] != record.signals["loss"]
 
 
+
+
+def test_a_bar_postfix_and_an_event_on_one_line_are_both_read(tmp_path):
+    """A tqdm bar left open by `\\r` and a DeepSpeed OVERFLOW line printed after it share one line: the bar's
+    postfix metrics are read as well as the event (a NaN loss there is the run's death, not calibration)."""
+    from lossguard.api import analyze
+
+    bar = "[Epoch 0 / Train]:   0%|          | {i}/8614 [00:00<1:03:35,  2.26it/s, loss={loss}, lr=2.5e-05]"
+    event = ("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {a}, reducing to {b}")
+    lines = [bar.format(i=i, loss="265.25" if i == 1 else "nan") + event.format(a=2 ** (33 - i), b=2 ** (32 - i))
+             for i in range(1, 6)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = analyze([str(log)])
+    losses = [p[1] for (signal, _), line in result.result.series.series.items() if signal == "loss"
+              for p in line.points]
+    assert losses[0] == 265.25 and all(v != v for v in losses[1:]), losses
+    assert result.verdict == "broken" and result.result.stats.events["overflow"] == 5
+    # The twin: the scaler calibrates (three overflows with finite losses at start-up), then trains.
+    calibrating = [line.replace("loss=nan", "loss=2.31").replace("loss=265.25", "loss=2.35") for line in lines[:3]]
+    training = [bar.format(i=i, loss=f"{2.3 - 0.02 * i:.2f}") for i in range(4, 20)]
+    healthy = tmp_path / "healthy.log"
+    healthy.write_text("\n".join(calibrating + training) + "\n")
+    assert analyze([str(healthy)]).verdict in ("healthy", "warning")

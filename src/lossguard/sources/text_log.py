@@ -83,7 +83,11 @@ class TextLogParser:
         if b"lossguard: " in line and (fields := guard_lines.read(line)) is not None:
             return [placer.event(fields, line_no)]  # the live guard's own report of this run
         if (fields := events.read(line)) is not None:
-            return [placer.event(fields, line_no)]
+            # A tqdm bar left open by `\r` and a logger's event printed after it share a line: the bar's
+            # postfix (`loss=nan, lr=2.5e-05`) is read too, after the event, which is placed on the bar's step
+            # (an OVERFLOW there means that step's loss belongs to a skipped step).
+            event = placer.event(fields, line_no)
+            return [event, *(self.parse_line(fields.before, line_no) if fields.bar is not None else [])]
         for needle, read in LINE_READERS:
             if needle in line and (found := read(line)) is not None:  # []: its line, nothing to read
                 if isinstance(found, list):

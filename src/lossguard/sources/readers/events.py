@@ -25,7 +25,9 @@ def read(line: bytes) -> Fields | None:
     for needle, name, pattern in P.EVENT_NEEDLES:
         if needle in line and (match := pattern.search(line)):
             bar = progress.bar_step(line, match.start())  # the bar the event was printed on, if any
-            return Fields.event_of(Form.EVENT, name, _data(name, match), bar=bar)
+            fields = Fields.event_of(Form.EVENT, name, _data(name, match), bar=bar)
+            fields.before = line[: match.start()]
+            return fields
     return None
 
 

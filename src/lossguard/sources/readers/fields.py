@@ -42,6 +42,7 @@ class Fields:
     data: dict | None = None  # an EVENT's data
     rank: int | None = None  # the rank the line names (`[rank1]: step 3 loss ...`)
     bar: int | None = None  # steps done on a running training bar before the event (sources/progress.py)
+    before: bytes = b""  # an EVENT's line up to the event: a progress bar redraw whose postfix holds metrics
     counter: tuple[int, int] | None = None  # a progress counter `i/N` (generic reader; tqdm before a dict)
     epoch: int | None = None  # a whole epoch number next to the counter (`Epoch 2/3`, `Epoch: [1]`)
     epochs: int | None = None  # N of an epoch written `e/N`: such an epoch may count from 1
