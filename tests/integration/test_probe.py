@@ -55,7 +55,7 @@ def test_user_script_inf_gradient_auto_arms(tmp_path):
     assert rc == 0
     base = arms["baseline"]
     assert (base["verdict"], base["signature"], base["onset_step"]) == ("dies", "nonfinite", 3)
-    fix = arms["bf16.check_grad_overflow: true"]  # from lint DSC105 and KNOWLEDGE §0.6
+    fix = arms["bf16.check_grad_overflow: true"]  # from lint DSC105 (known issue bf16-no-overflow-check)
     assert fix["verdict"] == "survives" and fix["changes"] == {"bf16.check_grad_overflow": True}
     assert report["recommended"]["arm"] == fix["name"]
     recommended = json.loads(Path(report["recommended"]["config_path"]).read_text())

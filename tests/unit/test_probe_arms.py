@@ -1,4 +1,4 @@
-"""Probe arms: auto arms from lint + KNOWLEDGE defaults, the arms file, the comparison logic (pure)."""
+"""Probe arms: auto arms from lint + the known issues' prevention defaults, the arms file, the comparison logic (pure)."""
 
 from __future__ import annotations
 

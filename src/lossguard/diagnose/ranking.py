@@ -32,8 +32,9 @@ _MIN_SHARE = 0.02
 # share of the total score -> rank word (uncalibrated: words, not percentages).
 _LIKELY, _POSSIBLE = 0.5, 0.15
 _WORDS = ("unlikely", "possible", "likely")
-# "Clearly more / less often" for evidence lines: half again, or two thirds of, the rivals' average.
-_CLEARLY = 1.5
+# "Clearly more / less often" for evidence lines (display only: the score uses the levels themselves): a fifth
+# more, or five sixths of, the rivals' average.
+_CLEARLY = 1.2
 
 
 def rank_word(share: float) -> str:

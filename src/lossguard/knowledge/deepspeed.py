@@ -1,5 +1,5 @@
 """Known DeepSpeed issues: ZeRO-1/2 gradient-reduction races and precision defaults that turn a transient
-NaN into a dead run. Windows checked against KNOWLEDGE.md §2 B, §0.6 and §5 (a developer note, not shipped)."""
+NaN into a dead run. Windows checked against the DeepSpeed release tags that hold each fix."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Known issues outside DeepSpeed's reduction path: numerics, attention kernels, data and label masking,
-gradients that never reach the weights, schedulers, label leakage. From KNOWLEDGE.md §2 C-G and §5."""
+gradients that never reach the weights, schedulers, label leakage."""
 
 from __future__ import annotations
 

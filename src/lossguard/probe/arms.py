@@ -2,8 +2,8 @@
 
 An arm is a name and `changes`, `{dotted.key: value}` applied to the user's config (`None` deletes the key,
 so "back to DeepSpeed's default" is expressible). `auto_arms(config)` proposes the fixes the linter finds for
-the config and the prevention defaults of KNOWLEDGE.md §7 that would change it; `load_arms_file(path)` reads
-a JSON/YAML list of `{name, changes}`. The baseline (no change) is always the first arm.
+the config and the prevention defaults (`knowledge_arms`: what the known issues' fixes recommend) that would
+change it; `load_arms_file(path)` reads a JSON/YAML list of `{name, changes}`. The baseline (no change) is always the first arm.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _enabled(config: dict[str, Any], section: str) -> bool:
 
 
 def knowledge_arms(config: dict[str, Any]) -> list[Arm]:
-    """KNOWLEDGE.md §7 prevention defaults that change this config (each one an arm)."""
+    """The prevention defaults (the known issues' fixes) that change this config (each one an arm)."""
     stage = get_in(config, "zero_optimization.stage", 0)
     try:
         stage = int(stage)
@@ -96,7 +96,7 @@ def lint_arms(config: dict[str, Any], env: dict[str, str] | None = None) -> list
 
 
 def auto_arms(config: dict[str, Any], *, env: dict[str, str] | None = None) -> list[Arm]:
-    """Baseline, then lint fixes, then KNOWLEDGE.md defaults; arms giving the same config are merged."""
+    """Baseline, then lint fixes, then the prevention defaults; arms giving the same config are merged."""
     out = [Arm(BASELINE, {}, "your config")]
     seen = {_key(config)}
     for arm in lint_arms(config, env) + knowledge_arms(config):

@@ -2,7 +2,7 @@
 
 Surviving is not enough. An arm can survive by chance (the death does not repeat) or by changing something
 that cannot touch the mechanism: `steps_per_print` cannot stop a NaN or bring replicas back in sync. Each
-signature names the config sections its mechanisms live in (KNOWLEDGE.md's causes for it: precision and
+signature names the config sections its mechanisms live in (the known-issues table's causes for it: precision and
 overflow handling, the ZeRO partitioning and its communication, clipping, optimizer and schedule); a change
 under one of them is on the blamed setting. A crash blames the keys its own error line names (DeepSpeed's
 config validation names the field it rejected). A signature with no config section (masked labels: the data)

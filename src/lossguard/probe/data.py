@@ -1,6 +1,6 @@
 """Deterministic synthetic chat data, a tiny tokenizer and LLaVA/FastChat-style label masking.
 
-The masking is a faithful copy of the logic that really kills runs (KNOWLEDGE D1, D2): the prompt is rendered
+The masking is a faithful copy of the logic that really kills runs (known issues template-mismatch, truncation-cuts-answers): the prompt is rendered
 with one conversation template, the supervised span is recomputed round by round with the *training* template's
 separators, and any disagreement masks the whole sample (`target[:] = -100`) with the same warning LLaVA prints.
 So a template mismatch here produces all-`-100` labels for real, not a faked log line. Pure Python: tensors are

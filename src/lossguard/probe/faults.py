@@ -51,7 +51,7 @@ def _inf_loss(model: nn.Module, spec: dict, counter: StepCounter, rank: int) -> 
 
 def _scale_hidden(model: nn.Module, spec: dict, counter: StepCounter, rank: int) -> None:
     """Scale the first block's output so fp16 activations pass 65504 (the hidden states of a model pre-trained in
-    bf16 and run in fp16 do this on their own, KNOWLEDGE C1)."""
+    bf16 and run in fp16 do this on their own: known issue fp16-activation-overflow)."""
     factor = float(spec.get("factor", 1e7))
 
     def hook(_module, _inputs, output):
@@ -65,7 +65,7 @@ def _scale_hidden(model: nn.Module, spec: dict, counter: StepCounter, rank: int)
 
 
 def _open_causal_mask(model: nn.Module, spec: dict, counter: StepCounter, rank: int) -> None:
-    """Defeat the causal mask (KNOWLEDGE F2): every position attends to the future, so the next token leaks
+    """Defeat the causal mask (known issue label-leakage): every position attends to the future, so the next token leaks
     in and the loss collapses towards 0 without any error."""
     lm = _lm(model)
 
@@ -107,7 +107,7 @@ def after_optimizer(model: nn.Module, spec: dict | None) -> None:
 
     `late-module`: rebuild the VLM projector, as code that swaps in a freshly built (or reloaded) projector
     after `deepspeed.initialize` does. The optimizer still holds the old module's parameters, which no longer
-    take part in the forward; the new ones get gradients nobody applies (KNOWLEDGE E2).
+    take part in the forward; the new ones get gradients nobody applies (known issue trainable-not-optimized).
     """
     if not spec or spec.get("kind") != "late-module":
         return

@@ -42,7 +42,7 @@ class TinyVLM(nn.Module):
 
     The `tune_mm_mlp_adapter` / `freeze_mm_mlp_adapter` / `freeze_backbone` flags act exactly as in LLaVA's
     `train.py`: the flags are applied in order, so a wrong combination silently freezes the module that was
-    meant to train (KNOWLEDGE E2) and nothing complains.
+    meant to train (known issue trainable-not-optimized) and nothing complains.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Tell-tale log strings (KNOWLEDGE.md §4), compiled once. Bytes patterns: the text source scans bytes.
+"""Tell-tale log strings (the warnings and messages the known issues print), compiled once. Bytes patterns: the text source scans bytes.
 
 Each entry maps a regex to the event name it becomes. The numeric formats (HF dicts, DeepSpeed
 `step=` lines, Megatron, mmengine) are parsed in `text_log.py`.

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 tiny_train.py raw --inf-step K [--steps N]
 
 `trainer`: `transformers.Trainer` + DeepSpeed ZeRO-2. `--masked` sets every label to -100: the run logs
-`{'loss': '0', 'grad_norm': '0', ...}` from its first log (KNOWLEDGE.md §10).
+`{'loss': '0', 'grad_norm': '0', ...}` from its first log.
 `raw`: `deepspeed.initialize`, bf16 ZeRO-2 with `check_grad_overflow: false`; at step K rank 1 multiplies its
 loss by inf, the averaged gradient is inf, Adam writes NaN into the weights and every later loss is NaN.
 Rank 0 prints a Trainer-style dict per step, like a hand-written loop does.

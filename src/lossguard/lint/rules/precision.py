@@ -1,4 +1,4 @@
-"""Mixed-precision risks: bf16 without overflow skip, fp16 misuse (KNOWLEDGE.md §0.6, §2 C1, §7)."""
+"""Mixed-precision risks: bf16 without overflow skip, fp16 misuse (known issues bf16-no-overflow-check, fp16-activation-overflow)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HF Trainer argument risks: hidden NaN losses, PEFT + reentrant checkpointing (KNOWLEDGE.md §0.1, E1)."""
+"""HF Trainer argument risks: hidden NaN losses, PEFT + reentrant checkpointing (known issues lora-reentrant-checkpointing and the Trainer's NaN filter)."""
 
 from __future__ import annotations
 

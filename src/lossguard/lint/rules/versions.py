@@ -1,4 +1,4 @@
-"""Version risks from the installed packages or a pasted `pip freeze` (KNOWLEDGE.md §5)."""
+"""Version risks from the installed packages or a pasted `pip freeze` (the known issues' version windows)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ZeRO-1/2 gradient-reduction risks (KNOWLEDGE.md §2 B, §5, §7)."""
+"""ZeRO-1/2 gradient-reduction risks (known issues zero12-*: the races, their DeepSpeed windows and fixes)."""
 
 from __future__ import annotations
 
