@@ -19,6 +19,7 @@ signature shows it. That is what keeps a symptom from ever counting as its own c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ from lossguard.knowledge.conditions import (
     compare,
 )
 from lossguard.knowledge.issue import VersionWindow
+
+_VALUE = re.compile(r"\{value[^}]*\}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +95,9 @@ class Clue:
         return text + (f" [{origin}]" if origin else "")
 
     def describe(self) -> str:
-        """The question in words, for `lossguard explain` and docs/causes.md."""
-        label = self.subject.label
-        if self.value is True and self.op == "==" and not isinstance(self.subject, Fact):
-            return label
-        shown = {"==": "is", "inside": "in", "outside": "not in", "endswith": "ends with"}.get(self.op, self.op)
-        return f"{label} {shown} {self.value}"
+        """The fact in words, as the report would state it (its value left open), for `lossguard explain` and
+        docs/causes.md."""
+        return _VALUE.sub("…", self.says)
 
 
 def fact(name: str, op: str, value: Any, says: str, says_not: str, background: Level) -> Clue:
@@ -153,7 +153,7 @@ ZERO12 = fact("zero_stage", "in", [1, 2], "ZeRO stage {value}: a ZeRO-1/2 run",
               "ZeRO stage {value}: not ZeRO-1/2, so no ZeRO-1/2 gradient-reduction path", OFTEN)
 OVERLAP = fact("overlap_comm", "==", True, "overlap_comm is true",
                "overlap_comm is false: the gradient reduction is serialised", RARELY)  # DeepSpeed's ZeRO-1/2 default
-MULTI_RANK = fact("world_size", ">=", 2, "{value} ranks", "a single rank: no gradient reduction between ranks",
+MULTI_RANK = fact("world_size", ">=", 2, "more than one rank ({value})", "a single rank: no gradient reduction between ranks",
                   OFTEN)
 MULTI_RANK_BUCKET = fact("use_multi_rank_bucket_allreduce", "==", True, "use_multi_rank_bucket_allreduce is true",
                          "use_multi_rank_bucket_allreduce is false", OFTEN)
