@@ -66,7 +66,7 @@ Formats `lossguard analyze` reads (auto-detected per file; per line inside text 
     Lightning (tqdm and rich bars), NeMo, litgpt, nanotron, fairseq, DeepSpeed-Chat, nanoGPT (`val loss`
     as evaluation), MLX, OpenRLHF, verl (`step:N - actor/pg_loss:..`), OLMo, Composer, MaxText,
     Caffe (`Iteration N ..., loss = x`, `Train net output`, `lr = x`), PaddleOCR (`global_step: N, ...
-    loss: x`), tf.estimator (`loss = x, step = N`), NVIDIA DLLogger (`Iteration: N  train.loss : x`),
+    loss: x`), tf.estimator (`loss = x, step = N`), NVIDIA DLLogger (`Epoch: e Iteration: N  train.loss : x`; a counter that restarts each epoch is placed after the epochs before it),
     kohya / musubi bars (`steps: 10%|..| 100/1000 [.., avr_loss=x]`: the counter is the step; a number
     followed by % is a percentage), wandb's run summary (its values at the step it names; a value of no step, HF's train_loss, is
     a summary, not a step), peft's epoch=/train_ppl=tensor(...) prints and MetricLogger logs are read this

@@ -167,7 +167,16 @@ def kohya(nan_from: int | None) -> str:
                       f"1.20it/s, avr_loss={avr_loss(i)}]" for i in range(1, 241)) + "\n"
 
 
+def dllogger(nan_from: int | None) -> str:
+    # NVIDIA DLLogger's stdout backend: the iteration counter restarts each epoch (10 logs of 100 iterations).
+    return "".join(f"DLL 2023-05-12 10:23:{i % 60:02d}.123456 - Epoch: {i // 10} Iteration: {100 * (i % 10 + 1)}  "
+                   f"train.loss : {'nan' if nan_from is not None and i >= nan_from else f'{2.3 * 0.97 ** i:.4f}'}  "
+                   f"train.lr : 0.001\n" for i in range(30))
+
+
 CASES = {
+    "dllogger_nan_in_epoch_1": (dllogger(15), "dllogger.log", "broken", 1000 + 600),
+    "dllogger_healthy": (dllogger(None), "dllogger.log", "healthy", None),
     # name: (log text, file name, verdict, onset step or None)
     "megatron_loss_vanishes": (megatron(6), "train.log", "broken", 70),
     "megatron_healthy": (megatron(None), "train.log", "healthy", None),

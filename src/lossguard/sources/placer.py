@@ -57,6 +57,12 @@ class StepPlacer:
         # The step a running training bar showed on an event's line, for the next log that names no step.
         self._bar_step: int | None = None
         self._epochs_from_zero = False  # an epoch written `0/N` was seen: `e/N` epochs count from 0
+        # A step counter beside a whole epoch number: the last (epoch, step), the largest step, and once the
+        # counter restarted with a new epoch, (the first epoch, an epoch's length) (`_across_epochs`).
+        self._epoch_counter: tuple[int, int] | None = None
+        self._epoch_counter_max = 0
+        self._epoch_counter_min: int | None = None
+        self._per_epoch: tuple[int, int] | None = None
         self._epoch_length = 0  # the largest per-epoch counter total seen: a full epoch's batches
         # The last step when a line announced an evaluation: the next metric line naming no step, at that same
         # step, is the evaluation's result.
@@ -255,6 +261,8 @@ class StepPlacer:
             if segment.counter is not None and segment.epoch is not None:
                 self._epoch_length = max(self._epoch_length, segment.counter[1])
             signals, step = segment.signals, segment.resolved_step(self._first_epoch(segment), self._epoch_length)
+            if segment.step is not None and segment.epoch is not None:
+                step = self._across_epochs(segment.epoch, segment.step)
             if segment.is_eval and "loss" in signals:
                 signals["eval_loss"] = signals.pop("loss")
             elif "loss" in signals:
@@ -272,6 +280,22 @@ class StepPlacer:
             kind = TRAIN if "eval_loss" not in signals else EVAL
             out.append(self._segment_record(step, signals, kind, line_no))
         return out
+
+    def _across_epochs(self, epoch: int, step: int) -> int:
+        """A step counter that restarts each epoch (NVIDIA DLLogger's `Epoch: 1 Iteration: 100`): once the
+        epoch goes up while the counter goes down, each epoch is placed after the ones before it, an epoch as
+        long as the largest count the first one reached. A global step never goes down as the epoch rises."""
+        last = self._epoch_counter
+        self._epoch_counter = (epoch, step)
+        if self._per_epoch is None and last is not None and epoch > last[0] and step < last[1]:
+            # a counter from 0 (`Step 0` .. `Step 7`) makes an epoch one longer than its largest count
+            self._per_epoch = (last[0], self._epoch_counter_max + (self._epoch_counter_min == 0))
+        self._epoch_counter_max = max(self._epoch_counter_max, step)
+        self._epoch_counter_min = step if self._epoch_counter_min is None else min(self._epoch_counter_min, step)
+        if self._per_epoch is None:
+            return step
+        first, length = self._per_epoch
+        return max(epoch - first, 0) * length + step
 
     def _header(self, form: str, line_no: int | None) -> None:
         if form == Form.SUMMARY_HEADER:
