@@ -105,7 +105,12 @@ class NonFiniteLoss(DetectorBase):
         return []
 
     def _maybe_skipped(self, record: Record, grad: float, loss: float, pending: list | None) -> list[Finding]:
-        """A non-finite norm next to a live loss: maybe an fp16 skip, unless it persists or the loss blew up."""
+        """A non-finite norm next to a live loss: maybe an fp16 skip, unless it persists, the loss blew up or
+        the log's own skip counter says the step was applied."""
+        if self._applied_here(record):
+            return self._fire(record, f"gradient norm is {grad} on a step the log counts as applied (its skipped-"
+                                      f"step count did not move): the non-finite update reached the weights",
+                              "grad_norm", grad, loss_finite=1)
         before = self.counts.previous(record.rank, "loss")
         if before is not None and 0.0 < before < math.inf and not is_nonfinite(loss) and loss >= _JUMP * before:
             return self._fire(record, f"the step blew up: the loss jumped from {before:g} to {loss:g} with a "
@@ -174,6 +179,15 @@ class NonFiniteLoss(DetectorBase):
         elif signal in ("loss", "raw_loss") and self.counts.seq(record.rank, "grad_norm"):
             data["loss_finite"] = 0  # only where the log shows grad norms: else which came first is unknown
         return self.emit(message, step, record.rank, **data)
+
+    def _applied_here(self, record: Record) -> bool:
+        """The record carries the run's skipped-step count (Megatron's `number of skipped iterations`,
+        DeepSpeed's `skipped=`) and it did not grow: this log's steps were applied, none skipped."""
+        skipped = record.signals.get("skipped_steps")
+        if skipped is None:
+            return False
+        before = self.counts.previous(record.rank, "skipped_steps")
+        return skipped == (before if before is not None else 0.0)
 
     def _skipped_here(self, record: Record) -> bool:
         # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.
