@@ -82,3 +82,18 @@ def test_a_log_that_states_its_precision_gets_no_cause_its_header_rules_out(tmp_
     assert not _contradictions(result)
     if result["facts"].get("bf16") is False:
         assert all(c["id"] not in NEEDS_BF16 or c["confidence"] == "unlikely" for c in result["causes"])
+
+
+def test_a_run_summarys_nan_training_loss_is_training_evidence(tmp_path):
+    """`train_loss` nan in the run summary is the training side failing too: the report never says that only
+    the evaluation loss is non-finite (and blames an evaluation batch) when the summary shows otherwise."""
+    log = tmp_path / "train.log"
+    rows = ["{'loss': 2.1, 'learning_rate': 1e-05, 'epoch': 0.5}", "{'loss': 2.0, 'learning_rate': 1e-05, 'epoch': 1.0}",
+            "{'eval_loss': nan, 'eval_runtime': 5.3, 'epoch': 1.0}"]
+    summary = "{'train_runtime': 100.0, 'train_samples_per_second': 3.2, 'train_loss': nan, 'epoch': 1.0}"
+    log.write_text("\n".join(rows + [summary]) + "\n")
+    causes = analyze([str(log)]).to_dict()["causes"]
+    assert causes[0]["id"] != "eval-batch-nan"
+    assert not any("only the evaluation loss" in line for c in causes for line in c["evidence"])
+    log.write_text("\n".join(rows + [summary.replace("nan", "2.05")]) + "\n")  # the twin: training finite
+    assert analyze([str(log)]).to_dict()["causes"][0]["id"] == "eval-batch-nan"

@@ -7,6 +7,7 @@ per arm). A detector that raises is reported once and switched off; the stream g
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,6 +38,9 @@ class Stats:
     last_step: int | None = None
     steps_are_ordinal: bool = False
     sources: collections.Counter = field(default_factory=collections.Counter)
+    # A run summary (HF's `train_loss`, LLaMA-Factory's `train_epoch_loss`) gave a non-finite training loss:
+    # training evidence, though it names no step.
+    summary_nonfinite: bool = False
 
 
 @dataclass(slots=True)
@@ -275,6 +279,8 @@ class Engine:
                 stats.event_origins[first.event] = first.where
             # The caller's own facts come back as a "given" event for the detectors: they are already in
             # self.facts with their origins (file:line, "(DeepSpeed default)"), which must not become "given".
+            if first.event == "train-summary" and _nonfinite_training_loss(first.data):
+                stats.summary_nonfinite = True
             if first.event == "facts" and first.source != "given":
                 for name, value in first.data.items():
                     if hasattr(self.facts, name) and name != "origin":
@@ -349,3 +355,9 @@ def _not_spared(spared: dict, columns: dict[str, list], failing: dict[tuple, set
                 {i for i, value in enumerate(column) if value is not None and not test([value])}
         indices |= fails
     return indices
+
+
+def _nonfinite_training_loss(data: dict) -> bool:
+    """A summary's training loss (a key naming a loss, not an evaluation's) is NaN or infinite."""
+    return any(isinstance(value, float) and not math.isfinite(value) and "loss" in str(key).lower()
+               and "eval" not in str(key).lower() for key, value in data.items())

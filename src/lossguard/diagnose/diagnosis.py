@@ -181,6 +181,10 @@ def _line(result: EngineResult, signal: str) -> dict[int, float]:
 
 
 def _train_losses_finite(result: EngineResult) -> bool | None:
+    """Every training loss is finite and non-zero, a run summary's included (its `train_loss` is training
+    evidence though it names no step)."""
+    if result.stats.summary_nonfinite:
+        return False
     losses = _line(result, "loss")
     if not losses:
         return None
