@@ -160,6 +160,34 @@ def test_loss004_death_a_dpo_policy_identical_to_its_reference_is_broken(tmp_pat
     assert (d.verdict, d.signature) == ("broken", "not-learning")
 
 
+# -- LOSS005: a loss that jumps far above its start ----------------------------------------------------------
+
+def _overshoot(recovers: bool):
+    """HF 4.x dict lines: a fine-tune whose loss falls from 2.6, an LR warmup that ends too high throws the
+    loss up to 5-8 for eight logs; then either the decaying LR brings it back down under its start and it
+    keeps falling, or the weights sit at chance (ln 64 for a 64-token vocabulary) to the end."""
+    before = [2.6 - 0.1 * i for i in range(10)]
+    jump = [5.0 + 3 * math.sin(i) ** 2 for i in range(8)]
+    after = ([1.4 - 0.02 * i + 0.03 * math.sin(i) for i in range(16)] if recovers else
+             [math.log(64) + 0.01 * math.sin(i) for i in range(16)])
+    lrs = [2e-4 * (i + 1) / 12 if i < 12 else 2e-4 * (34 - i) / 22 for i in range(34)]
+    return _rows({"loss": round(v, 4), "grad_norm": 40.0 if 10 <= i < 18 else 1.5, "learning_rate": lrs[i],
+                  "epoch": i / 34} for i, v in enumerate(before + jump + after))
+
+
+def test_loss005_twin_a_warmup_overshoot_that_comes_back_down_is_no_divergence(tmp_path):
+    """Scripted (HF 4.x dicts): the loss jumps at the end of warmup and comes back under its start."""
+    d = _analyze(tmp_path, _overshoot(recovers=True))
+    assert d.verdict in ("healthy", "warning"), (d.verdict, d.signature, _codes(d))
+    assert _codes(d).get("LOSS005") == "warning"  # the jump is seen, and contradicted by the way back
+
+
+def test_loss005_death_a_jump_that_settles_at_chance_is_broken(tmp_path):
+    """Under twice the run's start (so no longer 'high') but at chance, never back where it started."""
+    d = _analyze(tmp_path, _overshoot(recovers=False))
+    assert (d.verdict, d.signature) == ("broken", "divergence"), _codes(d)
+
+
 # -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
 
 TWINS = {
@@ -169,10 +197,11 @@ TWINS = {
     "GRAD006": test_grad006_twin_one_grpo_record_with_equal_rewards_is_an_event,
     "LOSS010": test_loss010_twin_an_lm_plateau_at_ln_10_logged_mid_run_is_not_chance,
     "LOSS004": test_loss004_twin_a_dpo_loss_that_leaves_ln_2_reads_healthy,
+    "LOSS005": test_loss005_twin_a_warmup_overshoot_that_comes_back_down_is_no_divergence,
 }
 # Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
 # shrinks: a new rule must land with its `predicts` table and its twin.
-NO_TWIN_YET = {"LOSS001", "LOSS002", "GRAD001", "LOSS011", "SCALE001", "RANK001", "LOSS008", "LOSS005",
+NO_TWIN_YET = {"LOSS001", "LOSS002", "GRAD001", "LOSS011", "SCALE001", "RANK001", "LOSS008",
                "LOSS009", "LABEL001", "GRAD003", "GRAD004", "GRAD005", "LOSS003"}
 
 

@@ -208,18 +208,51 @@ class LossDivergence(TrendDetector):
     and 3 above it and stays there for two logs in a row. A spike from one bad batch is one log: the next
     batch, through weights that are still good, comes back down. A loss that stays at three times the run's
     start for a second log is weights that an update threw out of their basin (a learning rate too high, an
-    overflowed step), and a run that trains on from there wastes every later step."""
+    overflowed step), and a run that trains on from there wastes every later step.
 
+    Checked against the rest of the loss column: weights thrown out of their basin stay out (often at
+    chance, ln of the vocabulary), so a loss whose last five logs came back down under the mean of the run's
+    first logs (a warmup overshoot the decaying LR brings back, a switch to data the model then learns) is
+    no divergence; the finding stays as a warning that the loss jumped."""
+
+    predicts = {
+        "loss": "far above the start and staying there to the end of the log: no way back down (last logs "
+                "back under the run's first ones contradict it)",
+        "grad_norm": "large or growing (an update that threw the weights out), or NaN/Inf later",
+        "lr": "anything (too high for the run, often at the end of warmup)",
+        "eval_loss": "rising with the training loss",
+        "loss_scale": "steady, or halving after an overflowed step",
+    }
     code = "LOSS005"
     name = "loss.divergence"
     signature = "divergence"
     severity = Severity.CRITICAL
+    demoted = Severity.WARNING  # the jump is real and worth a look; the dead run it stood for is not
     _STREAK = 5
     _JUMP_STREAK = 2  # logs in a row that are far (the profile's FAR_FACTOR and FAR_ABOVE)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._peak: dict[int | None, float] = {}  # each rank's highest loss among its high ones
+
+    def contradiction(self) -> str | None:
+        flat = self.profile.get(self.fired.rank)
+        peak = self._peak.get(self.fired.rank)
+        if flat is None or peak is None or flat.high_run or len(flat.tail) < flat.tail.maxlen:
+            return None
+        # Back under where the run started, not merely under the divergence threshold: weights thrown out
+        # of their basin settle at chance (ln of the vocabulary), which can sit under twice the start.
+        start, last = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
+        if last >= start:
+            return None
+        return (f"the loss came back down from its peak {peak:.4g} to {last:.4g} over its last {len(flat.tail)} "
+                f"logs, under the {start:.4g} the run started at: the weights found their way back, as after "
+                "a warmup overshoot or a switch to data the model then learns")
 
     def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         if not mark.high:
             return []
+        self._peak[record.rank] = max(mark.loss, self._peak.get(record.rank, mark.loss))
         (count, since), (far, far_since) = mark.high_run, mark.far_run  # runs of consecutive losses
         if far >= self._JUMP_STREAK:
             return self.emit(f"loss jumped from about {mark.reference:.3g} to {mark.loss:.3g} at step "
