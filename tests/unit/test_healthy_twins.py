@@ -188,6 +188,52 @@ def test_loss005_death_a_jump_that_settles_at_chance_is_broken(tmp_path):
     assert (d.verdict, d.signature) == ("broken", "divergence"), _codes(d)
 
 
+# -- LABEL001 / LOSS003: a loss of exactly 0 -------------------------------------------------------------------
+
+def _four_decimals(losses, grads):
+    """A custom loop's print, four decimals each (nanoGPT-style `loss {loss:.4f}`), read by the generic reader."""
+    return "".join(f"step {20 * (i + 1):5d} | loss {loss:.4f} | grad_norm {grad:.4f} | lr {3e-3:.2e}\n"
+                   for i, (loss, grad) in enumerate(zip(losses, grads)))
+
+
+def test_label001_twin_a_memorised_model_whose_loss_and_norm_shrink_to_a_printed_zero(tmp_path):
+    """Scripted (a custom loop printing four decimals): a memorising run's loss and gradient norm decay
+    through 0.0100, 0.0011, 0.0001 until both print 0.0000."""
+    d = _analyze(tmp_path, _four_decimals([2.8 * 0.7 ** i for i in range(40)], [4.0 * 0.72 ** i for i in range(40)]))
+    assert (d.verdict, d.signature) == ("healthy", "memorization"), _codes(d)
+    assert _codes(d).get("LABEL001") == "info"  # both print 0: seen, and contradicted by the decay into them
+
+
+def test_label001_death_loss_and_norm_jump_straight_to_zero_is_broken(tmp_path):
+    """The same print: the loss falls a little, then a masking preprocessing stage takes it straight to 0."""
+    losses = [2.8 - 0.05 * i if i < 6 else 0.0 for i in range(40)]
+    d = _analyze(tmp_path, _four_decimals(losses, [3.0 if i < 6 else 0.0 for i in range(40)]))
+    assert (d.verdict, d.signature) == ("broken", "masked-labels"), _codes(d)
+
+
+def _llamafactory_log(first_step: int) -> str:
+    """LLaMA-Factory's trainer_log.jsonl (no grad_norm): twelve logs of loss 0.0 from `first_step`."""
+    import json
+
+    rows = [{"current_steps": first_step + 10 * i, "total_steps": 5000, "loss": 0.0,
+             "lr": round(1e-5 * (1 - (first_step + 10 * i) / 5000), 10), "epoch": round((first_step + 10 * i) / 200, 2),
+             "percentage": round((first_step + 10 * i) / 50, 2), "elapsed_time": "1:00:00",
+             "remaining_time": "0:40:00"} for i in range(12)]
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def test_loss003_twin_the_pasted_tail_of_a_memorised_run_is_a_warning(tmp_path):
+    """Scripted (LLaMA-Factory's trainer_log.jsonl): the last lines of a run that memorised its data, from
+    step 3000; its rounded loss prints 0.0 and the log does not show where the zeros began."""
+    d = _analyze(tmp_path, _llamafactory_log(3000), "trainer_log.jsonl")
+    assert d.verdict == "warning" and _codes(d).get("LOSS003") == "warning", _codes(d)
+
+
+def test_loss003_death_zeros_from_the_first_step_are_broken(tmp_path):
+    d = _analyze(tmp_path, _llamafactory_log(10), "trainer_log.jsonl")
+    assert (d.verdict, d.signature) == ("broken", "zero-loss"), _codes(d)
+
+
 # -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
 
 TWINS = {
@@ -198,11 +244,13 @@ TWINS = {
     "LOSS010": test_loss010_twin_an_lm_plateau_at_ln_10_logged_mid_run_is_not_chance,
     "LOSS004": test_loss004_twin_a_dpo_loss_that_leaves_ln_2_reads_healthy,
     "LOSS005": test_loss005_twin_a_warmup_overshoot_that_comes_back_down_is_no_divergence,
+    "LABEL001": test_label001_twin_a_memorised_model_whose_loss_and_norm_shrink_to_a_printed_zero,
+    "LOSS003": test_loss003_twin_the_pasted_tail_of_a_memorised_run_is_a_warning,
 }
 # Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
 # shrinks: a new rule must land with its `predicts` table and its twin.
 NO_TWIN_YET = {"LOSS001", "LOSS002", "GRAD001", "LOSS011", "SCALE001", "RANK001", "LOSS008",
-               "LOSS009", "LABEL001", "GRAD003", "GRAD004", "GRAD005", "LOSS003"}
+               "LOSS009", "GRAD003", "GRAD004", "GRAD005"}
 
 
 def _broken_capable():

@@ -12,6 +12,7 @@ from lossguard.detectors import (  # noqa: F401
     rl,
     trends,
     zeros,
+    zeros_loss,
 )
 from lossguard.detectors.registry import make_detectors, register, registered
 
