@@ -6,6 +6,7 @@ from lossguard.detectors import (  # noqa: F401
     evaluation,
     guard_report,
     nonfinite,
+    nonfinite_hidden,
     overflow,
     ranks,
     repeats,
