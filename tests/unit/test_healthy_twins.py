@@ -234,6 +234,74 @@ def test_loss003_death_zeros_from_the_first_step_are_broken(tmp_path):
     assert (d.verdict, d.signature) == ("broken", "zero-loss"), _codes(d)
 
 
+# -- LOSS001 / LOSS002 / SCALE001: skipped fp16 steps, a window or to the end --------------------------------
+
+def _skips(window, to_the_end: bool) -> str:
+    """HF 4.x dicts of an fp16 run (logging_steps=1): on the skipped steps the forward pass overflowed, so the
+    NaN filter prints loss 0.0, grad_norm is nan and the LR holds (the scheduler steps only on applied
+    steps); after a window the scaler has found a scale and training goes on, or the skips last to the end."""
+    rows, lr = [], 0.0
+    for i in range(30):
+        skip = i in window or (to_the_end and i >= min(window))
+        lr = lr if skip else 2e-5 * min(1.0, (i + 1) / 5) * (1 - i / 40)
+        rows.append({"loss": 0.0 if skip else round(2.2 - 0.03 * i + 0.05 * math.sin(i), 4),
+                     "grad_norm": math.nan if skip else round(1.3 + 0.2 * math.sin(i), 4),
+                     "learning_rate": lr, "epoch": round(i / 30, 2)})
+    return _rows(rows)
+
+
+def test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning(tmp_path):
+    """Scripted (HF 4.x dicts): three skipped steps mid-run, then fifteen logs that train."""
+    d = _analyze(tmp_path, _skips({12, 13, 14}, to_the_end=False))
+    assert d.verdict == "warning", (d.verdict, d.signature, _codes(d))
+    assert {c: _codes(d).get(c) for c in ("LOSS001", "LOSS002", "SCALE001")} == dict.fromkeys(
+        ("LOSS001", "LOSS002", "SCALE001"), "warning")  # each saw the window, and the training after it
+
+
+def test_loss001_loss002_scale001_death_skips_to_the_end_are_broken(tmp_path):
+    d = _analyze(tmp_path, _skips({12, 13, 14}, to_the_end=True))
+    assert d.verdict == "broken", _codes(d)
+    assert {c: _codes(d).get(c) for c in ("LOSS001", "LOSS002", "SCALE001")} == dict.fromkeys(
+        ("LOSS001", "LOSS002", "SCALE001"), "critical")
+
+
+def test_loss001_twin_an_isolated_skip_with_a_held_lr_reads_healthy_or_warning(tmp_path):
+    """Scripted (HF 4.x dicts): one step's gradient overflowed (grad_norm inf beside a finite loss, the LR
+    held), then normal training."""
+    rows = _train_loss([2.2 - 0.03 * i + 0.05 * math.sin(i) for i in range(30)],
+                       grad_norm=lambda i: math.inf if i == 12 else 1.3, learning_rate=lambda i: 2e-5 * (1 - max(i, 13) / 40)
+                       if i >= 12 else 2e-5 * (1 - i / 40))
+    d = _analyze(tmp_path, _rows(rows))
+    assert d.verdict in ("healthy", "warning"), (d.verdict, d.signature, _codes(d))
+
+
+def _overflow_log(burst_to_the_end: bool) -> str:
+    """DeepSpeed's OVERFLOW lines beside HF 4.x dicts: four skips while the scale calibrates from 2^16,
+    then a burst of four mid-run (one bad batch region) after which training goes on, or skips to the end."""
+    lines, scale = [], 65536
+    for i in range(40):
+        skip = i < 4 or 20 <= i < 24 or (burst_to_the_end and i >= 20)
+        if skip:
+            lines.append(f"[2024-05-01 10:00:{i:02d},000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] "
+                         f"OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {scale}, reducing to {max(scale // 2, 1)}")
+            scale = max(scale // 2, 1)
+        lines.append(repr({"loss": round(2.3 - 0.02 * i + 0.03 * math.sin(i), 4),
+                           "grad_norm": math.nan if skip else round(1.1 + 0.1 * math.sin(i), 4),
+                           "learning_rate": 2e-5, "epoch": round(i / 40, 3)}))
+    return "\n".join(lines) + "\n"
+
+
+def test_scale001_twin_a_scale_that_recalibrates_after_a_burst_of_overflows_is_a_warning(tmp_path):
+    """Scripted (DeepSpeed OVERFLOW lines, HF 4.x dicts): the scale settles and the loss keeps falling."""
+    d = _analyze(tmp_path, _overflow_log(burst_to_the_end=False))
+    assert d.verdict in ("healthy", "warning") and _codes(d).get("SCALE001") == "warning", (d.verdict, _codes(d))
+
+
+def test_scale001_death_overflows_on_every_step_to_the_end_are_broken(tmp_path):
+    d = _analyze(tmp_path, _overflow_log(burst_to_the_end=True))
+    assert (d.verdict, d.signature) == ("broken", "fp16-overflow"), _codes(d)
+
+
 # -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
 
 TWINS = {
@@ -246,10 +314,13 @@ TWINS = {
     "LOSS005": test_loss005_twin_a_warmup_overshoot_that_comes_back_down_is_no_divergence,
     "LABEL001": test_label001_twin_a_memorised_model_whose_loss_and_norm_shrink_to_a_printed_zero,
     "LOSS003": test_loss003_twin_the_pasted_tail_of_a_memorised_run_is_a_warning,
+    "LOSS001": test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning,
+    "LOSS002": test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning,
+    "SCALE001": test_scale001_twin_a_scale_that_recalibrates_after_a_burst_of_overflows_is_a_warning,
 }
 # Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
 # shrinks: a new rule must land with its `predicts` table and its twin.
-NO_TWIN_YET = {"LOSS001", "LOSS002", "GRAD001", "LOSS011", "SCALE001", "RANK001", "LOSS008",
+NO_TWIN_YET = {"GRAD001", "LOSS011", "RANK001", "LOSS008",
                "LOSS009", "GRAD003", "GRAD004", "GRAD005"}
 
 

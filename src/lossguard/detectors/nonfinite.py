@@ -32,7 +32,23 @@ class NonFiniteLoss(DetectorBase):
     jumped by an order of magnitude. Logs whose learning rate is still 0, or frozen where a moving schedule
     was, are what skipping looks like and do not count as persistent (a constant schedule tells nothing).
     An isolated non-finite norm in a log that never shows skipping (no fp16, no OVERFLOW line, no LR held
-    by a skip) is reported at the end, as a warning: such a log is never healthy."""
+    by a skip) is reported at the end, as a warning: such a log is never healthy.
+
+    Checked against the columns after it: NaN weights never compute a finite loss again. When the last
+    three logs or more after the last non-finite value (or NaN-filter 0.0) show a finite, non-zero loss that
+    moves (and was never negative, which no working cross-entropy is) and a finite gradient norm, the step was skipped or the value never reached the weights (a
+    transient fp16 overflow, a skip the log does not name): a warning, not a dead run. A NaN evaluation loss
+    is not judged this way (the weights the evaluation used may be fine while the evaluation overflows)."""
+
+    predicts = {
+        "loss": "NaN/Inf (or the NaN filter's 0.0) from the onset to the end: NaN weights never compute a "
+                "finite loss again (finite, moving losses after it contradict it)",
+        "grad_norm": "NaN/Inf from the onset, or a DeepSpeed sentinel",
+        "lr": "moving on (a skipped step would hold it)",
+        "eval_loss": "NaN after the onset",
+        "loss_scale": "at its floor under fp16 (a storm), or absent",
+    }
+    demoted = Severity.WARNING  # a transient non-finite value is still worth a look
 
     wants = frozenset({"raw_loss", "loss", "eval_loss", "grad_norm", "overflow", "facts"})
     spared_when_changes = True  # while a non-finite norm waits for the next log (`spared_when`)
@@ -53,6 +69,23 @@ class NonFiniteLoss(DetectorBase):
         # warns about them if nothing fired.
         self._let_pass: list | None = None
         self._skips_seen = False  # the log shows skipping (fp16, OVERFLOW lines, an LR held by skips)
+        self._last_bad: dict[int | None, int] = {}  # rank -> its loss count at its latest non-finite train log
+
+    def contradiction(self) -> str | None:
+        rank = self.fired.rank
+        if self.fired.data.get("on_eval") or rank not in self._last_bad:
+            return None
+        num = self.counts.seq(rank, "loss") - self._last_bad[rank]
+        last, before, grad = (self.counts.last(rank, "loss"), self.counts.previous(rank, "loss"),
+                              self.counts.last(rank, "grad_norm"))
+        if num < _PERSISTENT or last in (None, 0.0, before) or is_nonfinite(last) or is_nonfinite(grad):
+            return None
+        profile = self.profile.get(rank)
+        if profile is not None and profile.minimum < 0.0:
+            return None  # a loss below 0 is no cross-entropy a working model computes: it vouches for nothing
+        return (f"the {num} logs after the last non-finite one show a finite loss that moves (last {last:g}) and "
+                "a finite gradient norm: NaN weights never compute a finite loss again, so the weights survived "
+                "(the step was skipped or the value never reached them)")
 
     @property
     def spared_when(self) -> dict:
@@ -72,6 +105,8 @@ class NonFiniteLoss(DetectorBase):
             elif record.event == "facts" and record.data.get("fp16"):
                 self._skips_seen = True
             return []
+        if record.kind == TRAIN and _bad(record.signals):
+            self._last_bad[record.rank] = self.counts.seq(record.rank, "loss")
         skipped = record.data.get("step_skipped") or self._skipped_here(record)
         for name in ("raw_loss", "loss", "eval_loss"):
             value = record.signals.get(name)
@@ -168,3 +203,10 @@ class NonFiniteLoss(DetectorBase):
         # fp16: DeepSpeed skips the step and lowers the scale; the scale detector judges storms.
         return self._fp16_skip_until is not None and record.step is not None and \
             record.step <= self._fp16_skip_until
+
+
+def _bad(signals: dict) -> bool:
+    """A train log with a non-finite value, or the NaN filter's 0.0."""
+    loss = signals.get("loss")
+    return loss == 0.0 or is_nonfinite(loss) or is_nonfinite(signals.get("grad_norm")) or \
+        is_nonfinite(signals.get("raw_loss"))

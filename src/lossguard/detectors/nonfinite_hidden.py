@@ -37,7 +37,22 @@ class _ZeroState:
 class HiddenNonFinite(DetectorBase):
     """LOSS002: loss printed as exactly 0.0 after a normal loss: the Trainer's `logging_nan_inf_filter`
     turned a NaN window into 0.0. Confirmed at once by a NaN/sentinel grad norm or a NaN eval loss,
-    else by a streak of exact zeros."""
+    else by a streak of exact zeros.
+
+    Checked against the rest of the loss column: NaN weights never compute a finite loss again, so the
+    filter's zeros last to the end of the log. A loss that comes back finite, non-zero and moving for three
+    logs or more after the zeros says the weights survived (a window of batches whose loss overflowed and
+    whose steps were skipped, a shard with nothing to learn): a warning, not a dead run."""
+
+    predicts = {
+        "loss": "exactly 0.0 from the NaN on, to the end of the log (finite, moving losses after the zeros "
+                "contradict it: NaN weights never compute one again)",
+        "grad_norm": "NaN, Inf or a DeepSpeed sentinel (sqrt(k)) beside the zeros, or absent",
+        "eval_loss": "NaN after the onset",
+        "lr": "anything (frozen when the steps are skipped)",
+        "loss_scale": "halving to its floor under fp16, or absent",
+    }
+    demoted = Severity.WARNING  # a window of hidden NaN losses is still worth a look
 
     wants = frozenset({"loss", "eval_loss"})
     spared_when_changes = True  # while a run of zeros is open (`spared_when`)
@@ -79,6 +94,8 @@ class HiddenNonFinite(DetectorBase):
         if loss != 0.0:
             if is_nonfinite(loss):
                 return []
+            if self.fired is not None and self.fired.rank == record.rank and state.zero_since is not None:
+                self._back = (seq, loss)  # the first finite loss after the zeros; the counts tell the rest
             state.last_finite, state.zero_since, state.zero_streak = loss, None, 0
             self._open.discard(record.rank)
             return []
@@ -116,6 +133,20 @@ class HiddenNonFinite(DetectorBase):
                     state.zero_since, rank, severity=Severity.ERROR, signature="zero-loss",
                     previous_loss=state.last_finite, lr_frozen=int(state.lr_frozen))
         return []
+
+    _back: tuple[int, float] | None = None
+
+    def contradiction(self) -> str | None:
+        rank = self.fired.rank
+        state = self._state.peek(rank)
+        if self._back is None or state is None or state.zero_since is not None:
+            return None  # no way back, or the zeros came again and last to the end
+        (seq, first), last = self._back, self.counts.last(rank, "loss")
+        num = self.counts.seq(rank, "loss") - seq + 1
+        if num < _ZERO_STREAK or last is None or is_nonfinite(last) or last in (0.0, first):
+            return None
+        return (f"the loss came back after the zeros: {num} finite logs from {first:g} to {last:g} to the end of "
+                "the log, and NaN weights never compute a finite loss again: the weights survived the window")
 
     def _fire(self, state: _ZeroState, rank: int | None, why: str, **data) -> list[Finding]:
         if self.fired is not None:

@@ -211,9 +211,9 @@ class LossDivergence(TrendDetector):
     overflowed step), and a run that trains on from there wastes every later step.
 
     Checked against the rest of the loss column: weights thrown out of their basin stay out (often at
-    chance, ln of the vocabulary), so a loss whose last five logs came back down under the mean of the run's
-    first logs (a warmup overshoot the decaying LR brings back, a switch to data the model then learns) is
-    no divergence; the finding stays as a warning that the loss jumped."""
+    chance, ln of the vocabulary), so a loss that rose above the mean of the run's first logs and whose
+    last five logs came back down under it (a warmup overshoot the decaying LR brings back, a switch to
+    data the model then learns) is no divergence; the finding stays as a warning that the loss jumped."""
 
     predicts = {
         "loss": "far above the start and staying there to the end of the log: no way back down (last logs "
@@ -242,8 +242,10 @@ class LossDivergence(TrendDetector):
             return None
         # Back under where the run started, not merely under the divergence threshold: weights thrown out
         # of their basin settle at chance (ln of the vocabulary), which can sit under twice the start.
+        # And up from it first: a "divergence" that never rose above the start is judged against one low
+        # outlier (a made-up loss), and its way back says nothing.
         start, last = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
-        if last >= start:
+        if last >= start or peak <= start:
             return None
         return (f"the loss came back down from its peak {peak:.4g} to {last:.4g} over its last {len(flat.tail)} "
                 f"logs, under the {start:.4g} the run started at: the weights found their way back, as after "
