@@ -302,6 +302,32 @@ def test_scale001_death_overflows_on_every_step_to_the_end_are_broken(tmp_path):
     assert (d.verdict, d.signature) == ("broken", "fp16-overflow"), _codes(d)
 
 
+# -- GRAD001: a grad norm of exactly 1.0 --------------------------------------------------------------------------
+
+def _post_clip(pinned: bool) -> str:
+    """A custom loop's print (loss to two decimals, the norm after `clip_grad_norm_(..., 1.0)` is re-measured):
+    while the gradients are large the logged norm is exactly 1.0 and the slow first logs repeat their loss;
+    later the norm falls under 1 and the loss falls. Or the norm is the sentinel, pinned, and the loss frozen."""
+    lines = []
+    for i in range(40):
+        loss = 2.31 if i < 4 or pinned else 2.31 - 0.03 * (i - 3)
+        grad = 1.0 if pinned else min(1.0, 3.0 * 0.95 ** i)
+        lines.append(f"step {10 * (i + 1):4d} | loss {loss:.2f} | grad_norm {grad:.4f} | lr 1.00e-04\n")
+    return "".join(lines)
+
+
+def test_grad001_twin_a_norm_logged_after_clipping_to_1_reads_healthy(tmp_path):
+    """Scripted (a custom loop's print): the norm sits at 1.0 for 23 logs, then falls under it; the loss falls."""
+    d = _analyze(tmp_path, _post_clip(pinned=False))
+    assert d.verdict == "healthy", (d.verdict, d.signature, _codes(d))
+    assert _codes(d).get("GRAD001") == "info"  # the sentinel value is seen, and contradicted
+
+
+def test_grad001_death_a_norm_pinned_at_1_beside_a_frozen_loss_is_broken(tmp_path):
+    d = _analyze(tmp_path, _post_clip(pinned=True))
+    assert (d.verdict, d.signature) == ("broken", "nonfinite-hidden"), _codes(d)
+
+
 # -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
 
 TWINS = {
@@ -317,10 +343,11 @@ TWINS = {
     "LOSS001": test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning,
     "LOSS002": test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning,
     "SCALE001": test_scale001_twin_a_scale_that_recalibrates_after_a_burst_of_overflows_is_a_warning,
+    "GRAD001": test_grad001_twin_a_norm_logged_after_clipping_to_1_reads_healthy,
 }
 # Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
 # shrinks: a new rule must land with its `predicts` table and its twin.
-NO_TWIN_YET = {"GRAD001", "LOSS011", "RANK001", "LOSS008",
+NO_TWIN_YET = {"LOSS011", "RANK001", "LOSS008",
                "LOSS009", "GRAD003", "GRAD004", "GRAD005"}
 
 

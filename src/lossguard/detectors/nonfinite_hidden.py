@@ -170,7 +170,22 @@ class _SentinelState:
 @register
 class GradNormSentinel(DetectorBase):
     """GRAD001: grad_norm pinned at sqrt(k) (1.0, 1.4142135..., 1.7320508...): DeepSpeed's sentinel for
-    non-finite gradients in ZeRO-1/2 (-1 per param group)."""
+    non-finite gradients in ZeRO-1/2 (-1 per param group).
+
+    Checked against the rest of the run: gradients that went NaN leave NaN weights (or skipped steps), so
+    the sentinel stays to the end and the loss stops falling. A norm that leaves the value for finite,
+    different ones later while the loss falls through the run (the last logs under 90% of the first) was a
+    real norm at 1.0: a loop that logs the norm after clipping to max_grad_norm=1.0 prints exactly 1.0
+    while the gradients are large, and a loss printed with few digits can repeat meanwhile."""
+
+    predicts = {
+        "grad_norm": "sqrt(k) exactly, log after log to the end (finite, different norms later contradict it)",
+        "loss": "NaN, the NaN filter's 0.0, or frozen: NaN weights learn nothing (a loss that falls through "
+                "the run contradicts it)",
+        "lr": "anything (DeepSpeed steps the scheduler through it under bf16)",
+        "eval_loss": "NaN or frozen after the onset",
+        "loss_scale": "absent (bf16) or steady",
+    }
 
     wants = frozenset({"grad_norm"})
     spared_when_changes = True  # while a run of sentinels is open, every grad norm: a non-sentinel ends it
@@ -194,7 +209,11 @@ class GradNormSentinel(DetectorBase):
         if record.kind != TRAIN or grad is None:
             return []
         state = self._state[record.rank]
+        was_open = state.streak > 0
         k = self._track(state, record.step, grad)
+        if k is None and was_open and self.fired is not None and self.fired.rank == record.rank \
+                and not is_nonfinite(grad):
+            self._left_at = record.step  # a finite norm that is no sentinel after the pinned run
         if state.streak:
             self._open.add(record.rank)
         else:
@@ -208,6 +227,23 @@ class GradNormSentinel(DetectorBase):
                 f"param groups) when the gradients are NaN/Inf", state.since, record.rank,
                 value=grad, groups=k)
         return []
+
+    _left_at: int | None = None
+
+    def contradiction(self) -> str | None:
+        rank = self.fired.rank
+        profile, last = self.profile.get(rank), self.counts.last(rank, "grad_norm")
+        if self._left_at is None or profile is None or last is None or is_nonfinite(last) or sentinel_index(last):
+            return None
+        size = min(len(profile.head), len(profile.tail))
+        if profile.num < 2 * size or not size:
+            return None
+        first, final = sum(profile.head[:size]) / size, sum(list(profile.tail)[-size:]) / size
+        if not final < 0.9 * first:
+            return None
+        return (f"the norm leaves the value at step {self._left_at} for finite ones (last {last:g}) and the loss falls "
+                f"from {first:.4g} to {final:.4g}: NaN gradients leave NaN weights that learn nothing, so this was "
+                "a real norm (one logged after clipping to 1.0 prints exactly 1.0)")
 
     @staticmethod
     def _track(state: _SentinelState, step: int | None, grad: float) -> int | None:
