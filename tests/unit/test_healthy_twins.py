@@ -328,6 +328,30 @@ def test_grad001_death_a_norm_pinned_at_1_beside_a_frozen_loss_is_broken(tmp_pat
     assert (d.verdict, d.signature) == ("broken", "nonfinite-hidden"), _codes(d)
 
 
+# -- LOSS009: a loss that repeats an earlier stretch ------------------------------------------------------------
+
+def _launched_twice(learns: bool) -> str:
+    """A plain loop's print (no step numbers), launched twice with the same seed into one file (`>> train.log`):
+    the second launch replays the first value for value; an evaluation every ten logs."""
+    lines = []
+    for i in range(1, 41):
+        lines.append(f"train loss: {(2.4 - 0.02 * i if learns else 2.4) + 0.15 * math.sin(1.7 * i) ** 2:.4f}")
+        if i % 10 == 0:
+            lines.append(f"eval loss: {2.5 - 0.01 * i if learns else 2.5:.4f}")
+    return "\n".join(lines + lines) + "\n"
+
+
+def test_loss009_twin_a_run_launched_twice_with_one_seed_whose_eval_improves_reads_healthy(tmp_path):
+    """Scripted (a plain loop's print): the repeat is the log's; the evaluations change, so the weights move."""
+    d = _analyze(tmp_path, _launched_twice(learns=True))
+    assert d.verdict == "healthy" and _codes(d).get("LOSS009") == "info", (d.verdict, _codes(d))
+
+
+def test_loss009_death_frozen_weights_replay_the_epoch_and_the_evaluation_is_broken(tmp_path):
+    d = _analyze(tmp_path, _launched_twice(learns=False))
+    assert (d.verdict, d.signature) == ("broken", "not-learning") and _codes(d).get("LOSS009") == "error", _codes(d)
+
+
 # -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
 
 TWINS = {
@@ -344,11 +368,12 @@ TWINS = {
     "LOSS002": test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning,
     "SCALE001": test_scale001_twin_a_scale_that_recalibrates_after_a_burst_of_overflows_is_a_warning,
     "GRAD001": test_grad001_twin_a_norm_logged_after_clipping_to_1_reads_healthy,
+    "LOSS009": test_loss009_twin_a_run_launched_twice_with_one_seed_whose_eval_improves_reads_healthy,
 }
 # Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
 # shrinks: a new rule must land with its `predicts` table and its twin.
 NO_TWIN_YET = {"LOSS011", "RANK001", "LOSS008",
-               "LOSS009", "GRAD003", "GRAD004", "GRAD005"}
+               "GRAD003", "GRAD004", "GRAD005"}
 
 
 def _broken_capable():
