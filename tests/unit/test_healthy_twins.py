@@ -352,6 +352,32 @@ def test_loss009_death_frozen_weights_replay_the_epoch_and_the_evaluation_is_bro
     assert (d.verdict, d.signature) == ("broken", "not-learning") and _codes(d).get("LOSS009") == "error", _codes(d)
 
 
+# -- LOSS008: a flat loss beside a tiny gradient norm ---------------------------------------------------------
+
+def _flat_tiny_grad(first_epoch: float) -> str:
+    """HF 4.x dicts (no step numbers): 24 logs of a loss flat at 0.41 with a gradient norm near 0.005 and a
+    decaying LR, from `first_epoch`."""
+    import random
+
+    noise = random.Random(3)
+    return _rows({"loss": round(0.412 + 0.003 * noise.uniform(-1, 1), 4),
+                  "grad_norm": round(0.0051 + 0.0012 * noise.random(), 6),
+                  "learning_rate": 2e-5 * (1 - (first_epoch * 100 + i) / (first_epoch * 100 + 26)),
+                  "epoch": round(first_epoch + i / 100, 2)} for i in range(24))
+
+
+def test_loss008_twin_the_pasted_tail_of_a_converged_run_reads_healthy(tmp_path):
+    """Scripted (HF 4.x dicts): the last logs of a converged run, from epoch 2.76, LR decaying to its end;
+    the log's own numbering places its first line at step 1."""
+    d = _analyze(tmp_path, _flat_tiny_grad(2.76))
+    assert d.verdict == "healthy" and _codes(d).get("LOSS008") == "info", (d.verdict, _codes(d))
+
+
+def test_loss008_death_the_same_plateau_from_the_first_epoch_is_broken(tmp_path):
+    d = _analyze(tmp_path, _flat_tiny_grad(0.01))
+    assert (d.verdict, d.signature) == ("broken", "no-grad-flow"), _codes(d)
+
+
 # -- the registry: a rule that can call a run broken lands with its table and its twin -------------------------
 
 TWINS = {
@@ -369,10 +395,11 @@ TWINS = {
     "SCALE001": test_scale001_twin_a_scale_that_recalibrates_after_a_burst_of_overflows_is_a_warning,
     "GRAD001": test_grad001_twin_a_norm_logged_after_clipping_to_1_reads_healthy,
     "LOSS009": test_loss009_twin_a_run_launched_twice_with_one_seed_whose_eval_improves_reads_healthy,
+    "LOSS008": test_loss008_twin_the_pasted_tail_of_a_converged_run_reads_healthy,
 }
 # Rules that can call a run broken and have neither a column check nor a twin here yet. This list only
 # shrinks: a new rule must land with its `predicts` table and its twin.
-NO_TWIN_YET = {"LOSS011", "RANK001", "LOSS008",
+NO_TWIN_YET = {"LOSS011", "RANK001",
                "GRAD003", "GRAD004", "GRAD005"}
 
 

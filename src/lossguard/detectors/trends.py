@@ -180,16 +180,48 @@ def _flat_from_start(flat: RankProfile) -> tuple[float, float, float | None] | N
 class LossFlatTinyGrad(LossNotLearning):
     """LOSS008: the loss did not move from the start of the run and the gradient norm is tiny (under 2%
     of the loss): almost nothing trainable receives a gradient (LoRA + reentrant checkpointing leaves
-    only biases outside the blocks with one). Reported as `no-grad-flow`; LOSS004 then stays quiet."""
+    only biases outside the blocks with one). Reported as `no-grad-flow`; LOSS004 then stays quiet.
 
+    Checked against the epoch column: the mechanism holds the loss where the run started. A log whose first
+    record is past its first epoch (a pasted tail without step numbers, which the log's own numbering
+    would place at step 1) shows a converged model's plateau, where the gradient is tiny because the loss
+    is at its minimum and the LR has decayed: info, not a dead run."""
+
+    predicts = {
+        "loss": "flat at the level the run started from, from its first step (a log that begins past its "
+                "first epoch does not show that start: a converged plateau looks the same)",
+        "grad_norm": "tiny (under 2% of the loss) from the first step: only a few tensors get a gradient",
+        "epoch": "from 0 (the run's start)",
+        "lr": "anything (a normal schedule)",
+        "eval_loss": "flat at the untrained level",
+    }
     code = "LOSS008"
     name = "loss.flat-tiny-grad"
     signature = "no-grad-flow"
     severity = Severity.CRITICAL
     tiny_grad = True
     reads_profile = False  # the repeat run is LOSS004's; this code judges only the whole run, at the end
-    wants = TrendDetector.wants  # the weights' measurements are LOSS004's
-    spared_when: dict = {}
+    wants = frozenset({*TrendDetector.wants, "epoch"})  # the weights' measurements are LOSS004's
+    spared_when_changes = True  # the first train record, for its epoch; none after it
+    _first_epoch: float | None = None
+    _seen_train = False
+
+    @property
+    def spared_when(self) -> dict | None:
+        return {} if self._seen_train else None
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == TRAIN and not self._seen_train:
+            self._seen_train, self._first_epoch = True, record.signals.get("epoch")
+        return []
+
+    def contradiction(self) -> str | None:
+        epoch = self._first_epoch
+        if epoch is None or not math.isfinite(epoch) or epoch <= 1.0:
+            return None
+        return (f"the log's first record is at epoch {epoch:g}: the log begins after the start of training, so "
+                "the flat loss is a plateau the run reached (a converged model's gradient is tiny too), not the "
+                "level it started from")
 
     def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         return []
