@@ -347,6 +347,21 @@ def test_loss009_twin_a_run_launched_twice_with_one_seed_whose_eval_improves_rea
     assert d.verdict == "healthy" and _codes(d).get("LOSS009") == "info", (d.verdict, _codes(d))
 
 
+def test_loss009_twin_real_a_loop_launched_twice_with_one_seed_reads_healthy():
+    """Real: a plain PyTorch loop (no dropout, fixed batch order) launched twice into one file; the second
+    launch replays the first digit for digit while its evaluation loss falls."""
+    lines = (TWINS_DIR / "relaunched" / "train.log").read_text().splitlines()
+    assert lines[: len(lines) // 2] == lines[len(lines) // 2:]  # the replay is real, not made up
+    d = analyze([TWINS_DIR / "relaunched" / "train.log"])
+    assert d.verdict == "healthy" and _codes(d).get("LOSS009") == "info", (d.verdict, _codes(d))
+
+
+def test_loss009_death_real_frozen_weights_replay_their_epoch_and_their_evaluation():
+    """Real: the same loop one epoch in, then the LR at 0 for two epochs."""
+    d = analyze([TWINS_DIR / "frozen" / "train.log"])
+    assert (d.verdict, d.signature) == ("broken", "not-learning") and _codes(d).get("LOSS009") == "error", _codes(d)
+
+
 def test_loss009_death_frozen_weights_replay_the_epoch_and_the_evaluation_is_broken(tmp_path):
     d = _analyze(tmp_path, _launched_twice(learns=False))
     assert (d.verdict, d.signature) == ("broken", "not-learning") and _codes(d).get("LOSS009") == "error", _codes(d)
@@ -394,7 +409,7 @@ TWINS = {
     "LOSS002": test_loss001_loss002_scale001_twin_a_window_of_skipped_steps_then_training_is_a_warning,
     "SCALE001": test_scale001_twin_a_scale_that_recalibrates_after_a_burst_of_overflows_is_a_warning,
     "GRAD001": test_grad001_twin_a_norm_logged_after_clipping_to_1_reads_healthy,
-    "LOSS009": test_loss009_twin_a_run_launched_twice_with_one_seed_whose_eval_improves_reads_healthy,
+    "LOSS009": test_loss009_twin_real_a_loop_launched_twice_with_one_seed_reads_healthy,
     "LOSS008": test_loss008_twin_the_pasted_tail_of_a_converged_run_reads_healthy,
 }
 # Rules that can call a run broken (by their signature) and have no twin, each with why: none can have one
