@@ -203,7 +203,13 @@ def known_issue(issue: KnownIssue) -> str:
 
 def _detector(detector) -> str:
     doc = inspect.getdoc(type(detector)) or ""
-    return f"{detector.code} {detector.name} (signature: {detector.signature or '-'})\n\n{doc}"
+    text = f"{detector.code} {detector.name} (signature: {detector.signature or '-'})\n\n{doc}"
+    if detector.predicts:  # what the rule checks its finding against: a column that contradicts it lowers it
+        width = max(len(column) for column in detector.predicts)
+        rows = [f"  {column:{width}s}  {what}" for column, what in detector.predicts.items()]
+        text += "\n\nwhat its mechanism predicts in each column (one the log contradicts lowers the finding):\n"
+        text += "\n".join(rows)
+    return text
 
 
 def _lint_rules() -> list:

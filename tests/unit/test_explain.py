@@ -77,3 +77,14 @@ def test_no_string_a_user_sees_cites_knowledge():
                       if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
                       and "KNOWLEDGE" in node.value]
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("code", sorted(f().code for f in registered() if f().predicts))
+def test_a_detector_shows_what_its_mechanism_predicts_in_each_column(code):
+    """`explain CODE` prints the rule's `predicts` table: every column and what the mechanism predicts there."""
+    detector = next(f() for f in registered() if f().code == code)
+    text = docs.explain(code)
+    table = text.split("what its mechanism predicts in each column", 1)[1]
+    for column, what in detector.predicts.items():
+        assert re.search(rf"^  {re.escape(column)} +{re.escape(what)}$", table, re.M), (column, table)
+

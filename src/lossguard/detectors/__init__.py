@@ -6,12 +6,14 @@ from lossguard.detectors import (  # noqa: F401
     evaluation,
     guard_report,
     nonfinite,
+    nonfinite_hidden,
     overflow,
     ranks,
     repeats,
     rl,
     trends,
     zeros,
+    zeros_loss,
 )
 from lossguard.detectors.registry import make_detectors, register, registered
 

@@ -42,7 +42,22 @@ class OverflowStorm(DetectorBase):
     skips or of frozen LRs is open, it reads every train record (an applied step ends a run of skips);
     otherwise it is spared records with no skipped step, a finite non-zero loss and a finite gradient
     norm, and reads the LRs and skip counts before a record from the engine's signal counts. Under bf16
-    (`check_grad_overflow` skips) the same storm is reported as `nonfinite`."""
+    (`check_grad_overflow` skips) the same storm is reported as `nonfinite`.
+
+    Checked against the logs after it (once fired, it reads every train record): a storm skips every step
+    to the end, the LR frozen. When three logs or more after the last skip apply their step (no skip named,
+    a finite gradient norm where logged, a finite non-zero loss that moves), the scaler found a scale the gradients
+    fit and training went on (a scale that recalibrates after one bad batch): a warning, not a dead run."""
+
+    predicts = {
+        "loss_scale": "halving on every step down to its floor (1), or DeepSpeed's 'already at minimum'",
+        "lr": "frozen from the onset to the end (the scheduler steps only on applied steps)",
+        "loss": "finite or the NaN filter's 0.0, and no longer falling (nothing is applied); applied, moving "
+                "losses after the last skip contradict it",
+        "grad_norm": "NaN/Inf on the skipped steps, or absent",
+        "skipped_steps": "growing by one every step",
+    }
+    demoted = Severity.WARNING  # a burst of skipped steps is still worth a look
 
     wants = frozenset({"overflow", "scale-at-minimum", "skipped_steps", "loss", "raw_loss", "lr", "facts"})
     spared_when_changes = True
@@ -68,10 +83,33 @@ class OverflowStorm(DetectorBase):
 
     @property
     def spared_when(self) -> dict | None:
-        """Quiet (training started, no run of skips or frozen LRs open): such a record changes nothing here."""
-        if self._applied_any and self._streak == 0 and self._frozen.count == 0:
+        """Quiet (training started, no run of skips or frozen LRs open): such a record changes nothing here.
+        Once fired, none is quiet: the logs after the storm say whether it ended (`review`)."""
+        if self._applied_any and self._streak == 0 and self._frozen.count == 0 and self.fired is None:
             return _QUIET
         return None
+
+    _after: LossRun | None = None  # the applied logs since the last skip, once fired
+
+    def _follow(self, record: Record) -> None:
+        """After the storm fired: the run of applied logs since the last skipped or frozen one."""
+        # A skip needs a non-finite gradient: a log with a finite loss and norm, on no skipped step, applied it
+        # (a constant schedule repeats its LR either way, so the LR does not tell).
+        loss = record.signals.get("loss")
+        skipped = record.step == self._last_skip_step or self._streak or self._frozen.count
+        if skipped or loss is None or loss == 0.0 or is_nonfinite(loss) or is_nonfinite(record.signals.get("grad_norm")):
+            self._after = None if skipped or loss is not None else self._after
+            return
+        self._after = self._after or LossRun()
+        self._after.add(loss)
+
+    def contradiction(self) -> str | None:
+        after = self._after
+        if after is None or after.num < _MID_RUN_STREAK or self._streak or not after.moved():
+            return None
+        return (f"the {after.num} logs after the last skip apply their step (finite, the loss moves, last "
+                f"{after.tail[-1]:g}): the scaler found a scale the gradients fit and training went "
+                "on, so the storm ended")
 
     def observe(self, record: Record) -> list[Finding]:
         if record.kind == EVENT:
@@ -98,7 +136,10 @@ class OverflowStorm(DetectorBase):
             return []
         if record.signals.get("loss") is not None and record.step != self._last_skip_step:
             self._applied(record)
-        return self._frozen_lr(record)
+        found = self._frozen_lr(record)
+        if self.fired is not None and not found:
+            self._follow(record)
+        return found
 
     def _event(self, record: Record) -> list[Finding]:
         if record.event == "overflow":

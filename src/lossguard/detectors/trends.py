@@ -180,16 +180,48 @@ def _flat_from_start(flat: RankProfile) -> tuple[float, float, float | None] | N
 class LossFlatTinyGrad(LossNotLearning):
     """LOSS008: the loss did not move from the start of the run and the gradient norm is tiny (under 2%
     of the loss): almost nothing trainable receives a gradient (LoRA + reentrant checkpointing leaves
-    only biases outside the blocks with one). Reported as `no-grad-flow`; LOSS004 then stays quiet."""
+    only biases outside the blocks with one). Reported as `no-grad-flow`; LOSS004 then stays quiet.
 
+    Checked against the epoch column: the mechanism holds the loss where the run started. A log whose first
+    record is past its first epoch (a pasted tail without step numbers, which the log's own numbering
+    would place at step 1) shows a converged model's plateau, where the gradient is tiny because the loss
+    is at its minimum and the LR has decayed: info, not a dead run."""
+
+    predicts = {
+        "loss": "flat at the level the run started from, from its first step (a log that begins past its "
+                "first epoch does not show that start: a converged plateau looks the same)",
+        "grad_norm": "tiny (under 2% of the loss) from the first step: only a few tensors get a gradient",
+        "epoch": "from 0 (the run's start)",
+        "lr": "anything (a normal schedule)",
+        "eval_loss": "flat at the untrained level",
+    }
     code = "LOSS008"
     name = "loss.flat-tiny-grad"
     signature = "no-grad-flow"
     severity = Severity.CRITICAL
     tiny_grad = True
     reads_profile = False  # the repeat run is LOSS004's; this code judges only the whole run, at the end
-    wants = TrendDetector.wants  # the weights' measurements are LOSS004's
-    spared_when: dict = {}
+    wants = frozenset({*TrendDetector.wants, "epoch"})  # the weights' measurements are LOSS004's
+    spared_when_changes = True  # the first train record, for its epoch; none after it
+    _first_epoch: float | None = None
+    _seen_train = False
+
+    @property
+    def spared_when(self) -> dict | None:
+        return {} if self._seen_train else None
+
+    def observe(self, record: Record) -> list[Finding]:
+        if record.kind == TRAIN and not self._seen_train:
+            self._seen_train, self._first_epoch = True, record.signals.get("epoch")
+        return []
+
+    def contradiction(self) -> str | None:
+        epoch = self._first_epoch
+        if epoch is None or not math.isfinite(epoch) or epoch <= 1.0:
+            return None
+        return (f"the log's first record is at epoch {epoch:g}: the log begins after the start of training, so "
+                "the flat loss is a plateau the run reached (a converged model's gradient is tiny too), not the "
+                "level it started from")
 
     def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         return []
@@ -208,18 +240,53 @@ class LossDivergence(TrendDetector):
     and 3 above it and stays there for two logs in a row. A spike from one bad batch is one log: the next
     batch, through weights that are still good, comes back down. A loss that stays at three times the run's
     start for a second log is weights that an update threw out of their basin (a learning rate too high, an
-    overflowed step), and a run that trains on from there wastes every later step."""
+    overflowed step), and a run that trains on from there wastes every later step.
 
+    Checked against the rest of the loss column: weights thrown out of their basin stay out (often at
+    chance, ln of the vocabulary), so a loss that rose above the mean of the run's first logs and whose
+    last five logs came back down under it (a warmup overshoot the decaying LR brings back, a switch to
+    data the model then learns) is no divergence; the finding stays as a warning that the loss jumped."""
+
+    predicts = {
+        "loss": "far above the start and staying there to the end of the log: no way back down (last logs "
+                "back under the run's first ones contradict it)",
+        "grad_norm": "large or growing (an update that threw the weights out), or NaN/Inf later",
+        "lr": "anything (too high for the run, often at the end of warmup)",
+        "eval_loss": "rising with the training loss",
+        "loss_scale": "steady, or halving after an overflowed step",
+    }
     code = "LOSS005"
     name = "loss.divergence"
     signature = "divergence"
     severity = Severity.CRITICAL
+    demoted = Severity.WARNING  # the jump is real and worth a look; the dead run it stood for is not
     _STREAK = 5
     _JUMP_STREAK = 2  # logs in a row that are far (the profile's FAR_FACTOR and FAR_ABOVE)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._peak: dict[int | None, float] = {}  # each rank's highest loss among its high ones
+
+    def contradiction(self) -> str | None:
+        flat = self.profile.get(self.fired.rank)
+        peak = self._peak.get(self.fired.rank)
+        if flat is None or peak is None or flat.high_run or len(flat.tail) < flat.tail.maxlen:
+            return None
+        # Back under where the run started, not merely under the divergence threshold: weights thrown out
+        # of their basin settle at chance (ln of the vocabulary), which can sit under twice the start.
+        # And up from it first: a "divergence" that never rose above the start is judged against one low
+        # outlier (a made-up loss), and its way back says nothing.
+        start, last = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
+        if last >= start or peak <= start:
+            return None
+        return (f"the loss came back down from its peak {peak:.4g} to {last:.4g} over its last {len(flat.tail)} "
+                f"logs, under the {start:.4g} the run started at: the weights found their way back, as after "
+                "a warmup overshoot or a switch to data the model then learns")
 
     def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         if not mark.high:
             return []
+        self._peak[record.rank] = max(mark.loss, self._peak.get(record.rank, mark.loss))
         (count, since), (far, far_since) = mark.high_run, mark.far_run  # runs of consecutive losses
         if far >= self._JUMP_STREAK:
             return self.emit(f"loss jumped from about {mark.reference:.3g} to {mark.loss:.3g} at step "

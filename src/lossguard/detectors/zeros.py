@@ -1,9 +1,7 @@
-"""Zero from the start: masked labels (loss 0 and grad 0), no gradient flow (grad 0, loss normal), and
-the bare `zero-loss` when nothing tells which. KNOWLEDGE.md §0.3, §1 S4/S6, D1-D4, E1-E2."""
+"""Zero from the start: masked labels (loss 0 and grad 0) and no gradient flow (grad 0, loss normal); the
+bare `zero-loss` is in zeros_loss.py. KNOWLEDGE.md §0.3, §1 S4/S6, D1-D4, E1-E2."""
 
 from __future__ import annotations
-
-import math
 
 from lossguard.core.column_tests import absent, nonzero
 from lossguard.core.findings import Finding, Severity
@@ -19,14 +17,27 @@ _SYSTEMATIC_SAMPLES = 2
 _MASKED = {"num_label_tokens": nonzero, "loss": nonzero}  # a streak of zeros needs a zero loss
 _MASKED_OPEN = {**_MASKED, "grad_norm": absent}
 _GRAD_NONZERO, _EVERY_GRAD = {"grad_norm": nonzero}, {"grad_norm": absent}
-_LOSS_NONZERO, _EVERY_LOSS = {"loss": nonzero}, {"loss": absent}
 
 
 @register
 class MaskedLabels(DetectorBase):
     """LABEL001: no supervised tokens. Live: `num_label_tokens == 0` on a rank. Logs: loss and grad_norm
     both exactly 0 (transformers >= 4.46 sums the loss over zero tokens), or label-masking warnings
-    (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens)."""
+    (LLaVA/FastChat `tokenization mismatch`, TRL `Could not find response key`, InternVL image tokens).
+
+    Checked against the loss column: masked labels take the loss from where it was straight to exactly 0
+    (or hold it there from the first log); a loss that decayed through tiny non-zero values (under 2% of its
+    start, the loss profile's run of tiny losses, begun before the zeros) into the zeros is a memorised model
+    whose loss and gradient shrank until they print as 0, not a masked batch."""
+
+    predicts = {
+        "loss": "exactly 0.0, from the first log or straight from a normal value (a loss that decays through "
+                "tiny non-zero values into the zeros contradicts it: memorisation)",
+        "grad_norm": "exactly 0 on the same logs (no token, no gradient)",
+        "num_label_tokens": "0 (live)",
+        "lr": "anything (the schedule steps on)",
+        "eval_loss": "0.0, NaN or absent (the same preprocessing masks the eval set)",
+    }
 
     wants = frozenset({"num_label_tokens", "loss", "tokenization-mismatch", "response-key-missing",
                        "image-token-mismatch", "overflow", "facts"})
@@ -84,6 +95,7 @@ class MaskedLabels(DetectorBase):
             return []
         streak = self._both_zero.update(record.rank, loss == 0.0 and grad == 0.0, record.step)
         if streak.count >= (_STREAK if self._may_skip else 1):
+            self._both_zero_fired = self.fired is None or self._both_zero_fired
             why = f"; {self.num_warnings} label-masking warnings in the log" if self.num_warnings else ""
             return self.emit(
                 f"loss and grad_norm are both exactly 0 from step {streak.since}: no label is "
@@ -113,6 +125,19 @@ class MaskedLabels(DetectorBase):
         if self.fired is not None:
             self.fired.data["warnings"] = self.num_warnings
         return []
+
+    _both_zero_fired = False
+
+    def contradiction(self) -> str | None:
+        # The loss profile's run of losses under 2% of the run's first (zeros included) began before the
+        # zeros of loss and norm did: the loss decayed into them.
+        profile, since = self.profile.get(self.fired.rank), self.fired.step
+        if not self._both_zero_fired or profile is None or profile.tiny_since is None or since is None \
+                or profile.tiny_since >= since:
+            return None
+        return (f"the loss decayed from {profile.head[0]:.4g} to under 2% of it from step {profile.tiny_since}, "
+                f"before the zeros of step {since}: a memorised model's loss and gradient shrink until they print "
+                "as 0, masked labels jump there")
 
     def _template_cut(self) -> int | None:
         """The offset (expected - got) every mismatch warning shows, when the warnings say that every sample
@@ -292,96 +317,3 @@ class ParametersNotInOptimizer(_OneEvent):
             f"{count} trainable parameter tensors are not in the optimizer and will never be updated "
             f"({_names(record.data)}); was a module created or replaced after the optimizer?",
             record.step, record.rank, params=record.data.get("params", []))
-
-
-@register
-class ZeroLoss(DetectorBase):
-    """LOSS003: loss exactly 0 from the first logs and nothing else tells which kind (no grad_norm logged).
-    Reported at the end so the more specific detectors speak first."""
-
-    wants = frozenset({"loss"})
-    spared_when_changes = True  # while a run of zeros is open, every loss
-    code = "LOSS003"
-    name = "loss.exact-zero"
-    signature = "zero-loss"
-    severity = Severity.ERROR
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._loss_zero = Streaks()
-        self._from_first: set[int | None] = set()  # ranks whose run of zeros began with their first loss
-
-    @property
-    def spared_when(self) -> dict:
-        return _EVERY_LOSS if self._loss_zero.open else _LOSS_NONZERO
-
-    def observe(self, record: Record) -> list[Finding]:
-        loss = record.signals.get("loss")
-        if record.kind != TRAIN or loss is None:
-            return []
-        if is_rl(record):
-            self._loss_zero.end(record.rank)
-            return []
-        if self._loss_zero.update(record.rank, loss == 0.0, record.step).count == 1:
-            # The engine counts every loss, the spared ones too: 1 is the rank's first.
-            if self.counts.seq(record.rank, "loss") == 1:
-                self._from_first.add(record.rank)
-            else:
-                self._from_first.discard(record.rank)
-        return []
-
-    def finish(self) -> list[Finding]:
-        for rank, zeros in self._loss_zero.items():
-            # Every loss of the rank: the run began at its first and is still on (nothing ended it).
-            if zeros.count >= _STREAK and rank in self._from_first:
-                return self.emit(
-                    f"loss is exactly 0.0 in every log from step {zeros.since}: either every label "
-                    "is masked or the loss is NaN and hidden by the Trainer's filter; log grad_norm or run "
-                    "with logging_nan_inf_filter=False to tell which", zeros.since, rank)
-        return []
-
-
-@register
-class ZeroLossAndLearningRate(DetectorBase):
-    """LR002: loss and learning rate both exactly 0 in the same log. No step has been applied (DeepSpeed and
-    HF AMP step the scheduler only on applied steps, so an LR still at 0 means every step so far was skipped,
-    or the schedule starts and stays at 0) and the loss is the NaN filter's 0.0 or a batch with nothing to
-    learn. One log proves it: a run that trains prints neither. Fix: look for OVERFLOW lines (fp16 overflow
-    on every step: use bf16), the `tried to get lr value before scheduler/optimizer started stepping`
-    warning, and the scheduler's warmup settings."""
-
-    wants = frozenset({"lr"})
-    spared_when = {"lr": nonzero, "loss": nonzero}
-    predicts = {
-        "lr": "0 in every log up to this one: no step was applied, so the scheduler never stepped (an LR "
-              "logged non-zero before it contradicts it: the scheduler stepped, and one that decays to 0 is "
-              "its schedule's end)",
-        "loss": "0.0: the NaN filter's stand-in or a batch with nothing to learn",
-        "grad_norm": "0.0 (DeepSpeed's until its first applied step), NaN or absent",
-        "loss_scale": "halving on every step (fp16 overflow) or absent",
-        "eval_loss": "anything",
-    }
-    code = "LR002"
-    name = "lr.zero-with-zero-loss"
-    signature = "lr-zero"
-    severity = Severity.CRITICAL
-
-    def observe(self, record: Record) -> list[Finding]:
-        if record.kind != TRAIN or is_rl(record):  # an RL loss is 0.0 at the start, before the first step
-            return []
-        if record.signals.get("loss") == 0.0 and record.signals.get("lr") == 0.0:
-            # The LR logged before this one (spared records counted too): non-zero when the scheduler stepped.
-            before = self.counts.previous(record.rank, "lr") if self.counts.seq(record.rank, "lr") > 1 else None
-            self._lr_before = before if self.fired is None else self._lr_before
-            return self.emit(f"loss and learning rate are both exactly 0 at step {record.step}: no optimizer step "
-                             "has been applied and the loss is not a real one", record.step, record.rank)
-        return []
-
-    _lr_before: float | None = None
-
-    def contradiction(self) -> str | None:
-        before = self._lr_before
-        if before is None or before == 0.0 or not math.isfinite(before):
-            return None
-        return (f"the learning rate was {before:g} in the log before: the scheduler was stepping, so steps were "
-                "applied, and an LR that reaches 0 there is its schedule's end, not a frozen one")
