@@ -88,3 +88,13 @@ def test_a_detector_shows_what_its_mechanism_predicts_in_each_column(code):
     for column, what in detector.predicts.items():
         assert re.search(rf"^  {re.escape(column)} +{re.escape(what)}$", table, re.M), (column, table)
 
+
+def test_no_comment_or_doc_cites_the_developer_notes():
+    """A clone holds no ../shared: code comments, docstrings, docs and the README cite the known-issues table's
+    ids, never the developer notes they were written from."""
+    root = Path(lossguard.__file__).parents[2]
+    files = [*(root / "src").rglob("*.py"), *(root / "docs").rglob("*.md"), root / "README.md",
+             *(root / "scripts").rglob("*.py"), *(root / "bench").rglob("*.py"), *(root / "examples").rglob("*")]
+    offenders = [str(p.relative_to(root)) for p in files if p.is_file() and p.suffix in (".py", ".md", ".json", ".yaml")
+                 and "KNOWLEDGE" in p.read_text(errors="replace")]
+    assert not offenders, offenders

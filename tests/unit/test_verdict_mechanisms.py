@@ -144,7 +144,7 @@ def test_an_lr_of_zero_from_the_start_to_the_end_of_the_log_is_lr_zero():
 def test_an_lr_of_zero_with_no_step_applied_for_longer_than_calibration_is_lr_zero():
     """One log at step 11 with LR 0, grad norm 0.0 and the 'scheduler not stepped' warning: 11 steps without an
     optimizer step, more than DeepSpeed's calibration from 2^16 takes (MiniCPM-V #346)."""
-    from lossguard.detectors.overflow import MAX_CALIBRATION_STEPS
+    from lossguard.detectors.overflow_lr import MAX_CALIBRATION_STEPS
 
     assert MAX_CALIBRATION_STEPS == 10  # 2^16 -> 2^7: 9 halvings, + 1 overflow the hysteresis of 2 absorbs
     late = MAX_CALIBRATION_STEPS + 1

@@ -8,6 +8,7 @@ from lossguard.detectors import (  # noqa: F401
     nonfinite,
     nonfinite_hidden,
     overflow,
+    overflow_lr,
     ranks,
     repeats,
     rl,

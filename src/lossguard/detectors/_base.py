@@ -1,4 +1,4 @@
-"""Shared pieces for detectors: per-rank state, emit-once, and the value tests KNOWLEDGE.md §0 defines."""
+"""Shared pieces for detectors: per-rank state, emit-once, and the value tests that decode a logged 0.0, NaN or sentinel."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lossguard.core.findings import Finding, Severity
 S = TypeVar("S")
 
 # DeepSpeed replaces a non-finite per-group norm with -1 (or masks it), so the global norm becomes
-# sqrt(number of groups): 1.0, 1.414..., 1.732..., 2.0 (KNOWLEDGE.md §0.4).
+# sqrt(number of groups): 1.0, 1.414..., 1.732..., 2.0: DeepSpeed ZeRO-1/2 logs sqrt(param groups) when every group's norm is non-finite (-1 each).
 SENTINELS = tuple(math.sqrt(k) for k in range(1, 9))
 
 

@@ -1,5 +1,6 @@
 """Non-finite values shown in the log (`nan` / `inf`); the hidden ones (the Trainer's NaN filter prints 0.0,
-DeepSpeed's grad-norm sentinels) are nonfinite_hidden.py's. KNOWLEDGE.md §0.1, §0.4, §0.6."""
+DeepSpeed's grad-norm sentinels) are nonfinite_hidden.py's. bf16 ZeRO applies a NaN step (known issue
+bf16-no-overflow-check); fp16 skips it."""
 
 from __future__ import annotations
 

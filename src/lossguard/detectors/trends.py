@@ -1,6 +1,6 @@
 """Loss trends over many logs: not learning, divergence, spikes that recover, benign memorisation.
 
-Thresholds are relative to the run's own typical initial loss (KNOWLEDGE.md §2 G: loss levels are not
+Thresholds are relative to the run's own typical initial loss (loss levels are not
 comparable across versions, GA settings and world sizes), never absolute. The statistics are the engine's
 loss profile (core/profile.py), kept once for all of these rules: a rule reads the `TrendMark` of a record
 the profile marked (`reads_profile`), or the profile itself at the end.

@@ -1,5 +1,5 @@
 """Zero from the start: masked labels (loss 0 and grad 0) and no gradient flow (grad 0, loss normal); the
-bare `zero-loss` is in zeros_loss.py. KNOWLEDGE.md §0.3, §1 S4/S6, D1-D4, E1-E2."""
+bare `zero-loss` is in zeros_loss.py. Known issues template-mismatch, truncation-cuts-answers, masked-batch-nan, lora-reentrant-checkpointing."""
 
 from __future__ import annotations
 
