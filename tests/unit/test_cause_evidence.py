@@ -117,3 +117,22 @@ def test_fp32_shown_rules_out_the_fp16_overflow():
     run = RunEvidence(facts={"fp16": False, "bf16": False}, events={"lr-before-step": 5})
     cause = _by_id(rank_causes("lr-zero", run)).get("fp16-activation-overflow")
     assert cause is None or cause.likelihood == "unlikely"
+
+
+def test_a_token_accuracy_of_zero_from_the_first_log_points_to_masked_labels(tmp_path):
+    """TRL's SFT logs mean_token_accuracy 0.0 when no token of a batch is supervised; pretrained weights score
+    above 0 on any supervised token. A NaN run whose accuracy is 0 from its first log had nothing to learn from;
+    its twin, whose first logs score tokens before the NaN, does not point there."""
+    def log(accuracies):
+        rows = [f"{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 2e-05, 'mean_token_accuracy': {acc}, "
+                f"'num_tokens': {256.0 * (i + 1)}, 'epoch': {0.01 * (i + 1):.2f}}}"
+                for i, (loss, grad, acc) in enumerate(accuracies)]
+        path = tmp_path / "train.log"
+        path.write_text("\n".join(rows) + "\n")
+        return analyze([str(path)]).to_dict()
+
+    masked = log([(0.0, "nan", 0.0)] * 6)
+    assert masked["causes"][0]["id"] == "masked-batch-nan", masked["causes"][:2]
+    assert any("no supervised token was scored" in line for line in masked["causes"][0]["evidence"])
+    twin = log([(round(1.9 - 0.05 * i, 3), 1.2, 0.55) for i in range(6)] + [(0.0, "nan", 0.0)] * 6)
+    assert twin["causes"][0]["id"] != "masked-batch-nan", twin["causes"][:2]

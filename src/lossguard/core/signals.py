@@ -29,6 +29,8 @@ SIGNALS: dict[str, str] = {
     "kl": "KL divergence to the reference policy (RL)",
     "reward_margin": "chosen minus rejected reward (DPO)",
     "reward_accuracy": "share of pairs where the chosen reward beats the rejected one (DPO)",
+    # TRL's SFT logs 0.0 when no token of the batch is supervised (it divides by the valid tokens only then).
+    "token_accuracy": "share of supervised tokens predicted right (TRL's mean_token_accuracy)",
 }
 
 # Source key (lower-cased, stripped) -> canonical name. One table for every format.
@@ -81,6 +83,10 @@ ALIASES: dict[str, str] = {
     "rewards/margins": "reward_margin",
     "train/rewards/margins": "reward_margin",
     "rewards/accuracies": "reward_accuracy",
+    "mean_token_accuracy": "token_accuracy",
+    "train/mean_token_accuracy": "token_accuracy",
+    "token_acc": "token_accuracy",
+    "train/token_acc": "token_accuracy",
     "train/rewards/accuracies": "reward_accuracy",
     "epoch": "epoch",
     "train/epoch": "epoch",

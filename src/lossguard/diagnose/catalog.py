@@ -162,7 +162,7 @@ CAUSES: tuple[CauseRule, ...] = (
     CauseRule(tr.MASKED_BATCH_NAN, {"nonfinite-hidden": 0.1, "nonfinite": 0.1},
               predicts=((C.TOKENIZATION_MISMATCH, OFTEN), (C.RESPONSE_KEY_MISSING, OFTEN),
                         (C.MASKED_BATCHES, OFTEN), (C.ONSET_AT_START, OFTEN), (C.GRAD_FIRST, RARELY),
-                        (C.ON_EVAL, NEVER)),
+                        (C.ON_EVAL, NEVER), (C.NO_TOKEN_SCORED, OFTEN)),
               asks=(Ask("the supervised-token count per batch: log (labels != -100).sum() per micro-batch (the "
                         "live guard does)", (C.LABEL_COLUMN, C.MASKED_BATCHES)),)),
     # TRL's "Could not find response key" is printed both when the response template tokenizes differently in
@@ -170,12 +170,13 @@ CAUSES: tuple[CauseRule, ...] = (
     # than its advice to raise max_seq_length does.
     CauseRule(tr.TEMPLATE_MISMATCH, {"masked-labels": 0.55, "zero-loss": 0.35},
               predicts=((C.TOKENIZATION_MISMATCH, OFTEN), (C.RESPONSE_KEY_MISSING, OFTEN), (NORMAL_THEN_ZERO, RARELY),
-                        (C.ONSET_AT_START, OFTEN)),
+                        (C.ONSET_AT_START, OFTEN), (C.NO_TOKEN_SCORED, OFTEN)),
               asks=(Ask("which tokens are supervised: decode one batch where labels != -100 and check it is the "
                         "assistant turn (a 'tokenization mismatch' warning in the log would decide)",
                         (C.TOKENIZATION_MISMATCH,)),)),
     CauseRule(tr.TRUNCATION_CUTS_ANSWERS, {"masked-labels": 0.35, "zero-loss": 0.25},
-              predicts=((C.RESPONSE_KEY_MISSING, OFTEN), (NORMAL_THEN_ZERO, RARELY), (C.ONSET_AT_START, OFTEN)),
+              predicts=((C.RESPONSE_KEY_MISSING, OFTEN), (NORMAL_THEN_ZERO, RARELY), (C.ONSET_AT_START, OFTEN),
+                        (C.NO_TOKEN_SCORED, OFTEN)),
               asks=(Ask("the tokenized lengths against max_length / cutoff_len (a histogram of one epoch)"),)),
     CauseRule(tr.IMAGE_TOKEN_MISMATCH, {"masked-labels": 0.05, "zero-loss": 0.05},
               predicts=((C.IMAGE_TOKEN_MISMATCH, OFTEN),),

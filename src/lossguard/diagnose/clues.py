@@ -257,6 +257,13 @@ MARGINS_ZERO = Clue("margins-zero", RunNumber("margins_all_zero", "every reward 
 LOSS_AT_LN2 = Clue("loss-at-ln2", RunNumber("loss_at_ln2", "every loss is ln 2", "the loss column"), "==", True,
                    "the loss is ln 2 = 0.6931 on every log: a pairwise loss at a margin of exactly 0",
                    "the loss moves off ln 2", RARELY)
+# TRL's SFT logs a token accuracy of exactly 0.0 when no token of the batch is supervised; a model whose
+# weights are still the pretrained ones scores above 0 on any supervised token. From the first log on, then,
+# it is labels masked everywhere.
+NO_TOKEN_SCORED = Clue("no-token-scored", RunNumber("no_token_scored", "the token accuracy is 0 from the first log",
+                                                    "the mean_token_accuracy column"), "==", True,
+                       "the token accuracy is exactly 0 from the first log on: no supervised token was scored",
+                       "the token accuracy is above 0 from the first log: supervised tokens are scored", RARELY)
 LABEL_COLUMN = Clue("column:num_label_tokens", Column(("num_label_tokens",)), "==", True,
                     "the log counts the supervised tokens per batch")
 LR_COLUMN = Clue("column:lr", Column(("lr",)), "==", True, "the log shows the learning rate")

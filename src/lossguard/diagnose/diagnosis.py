@@ -170,7 +170,8 @@ def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) 
                        zero_norm_at_zero_lr=_zero_norm_at_zero_lr(result),
                        grad_norm_grows=_grows_steadily(list(_line(result, "grad_norm").values())),
                        margins_all_zero=_all_zero(_line(result, "reward_margin")),
-                       loss_at_ln2=_all_at(_line(result, "loss"), math.log(2)))
+                       loss_at_ln2=_all_at(_line(result, "loss"), math.log(2)),
+                       no_token_scored=_zero_from_start(_line(result, "token_accuracy")))
 
 
 def _line(result: EngineResult, signal: str) -> dict[int, float]:
@@ -202,6 +203,14 @@ def _grows_steadily(values: list[float]) -> bool | None:
         return None
     ups = sum(b > a for a, b in zip(values, values[1:]))
     return ups >= _RISE_SHARE * (len(values) - 1) and values[-1] >= _RISE_FACTOR * max(values[0], 1e-12)
+
+
+def _zero_from_start(line: dict[int, float]) -> bool | None:
+    """The first logged value is exactly 0 and so is every one until the last (None: no such column)."""
+    if not line:
+        return None
+    values = [line[step] for step in sorted(line)]
+    return values[0] == 0.0 and all(v == 0.0 or not math.isfinite(v) for v in values)
 
 
 def _all_zero(line: dict[int, float]) -> bool | None:

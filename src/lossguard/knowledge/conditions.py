@@ -49,6 +49,9 @@ class RunEvidence:
     margins_all_zero: bool | None = None
     # Every training loss logged is ln 2 to its printed precision (a pairwise loss at a margin of 0).
     loss_at_ln2: bool | None = None
+    # The token accuracy is exactly 0 from the first log on (True), or the first log's is not (False); None:
+    # no token-accuracy column.
+    no_token_scored: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
