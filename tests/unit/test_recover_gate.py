@@ -97,10 +97,11 @@ def test_during_the_warm_up_only_a_divergence_from_the_first_steps_is_held():
 def test_a_jump_with_an_ordinary_update_is_data_and_never_held():
     """A loss far above the run's spread whose gradient norm is the run's usual one: committed."""
     assert _run(Gate(RecoverOptions()), [2.0] * 30 + [[2.0, 100.0]] + [2.0] * 5, abnormal=False) == []
-    gate = Gate(RecoverOptions())  # the norm 5x its usual size: within the norm's margin
+    gate = Gate(RecoverOptions())  # the norm 2.5x its usual size: within the norm's margin (3x)
     for step in range(1, 31):
         assert gate.judge(step, [_row(loss=2.0, grad=1.0)] * 2, None) is None
-    assert gate.judge(31, [_row(loss=40.0, grad=5.0)] * 2, None) is None
+    assert gate.judge(31, [_row(loss=40.0, grad=2.5)] * 2, None) is None
+    assert gate.judge(32, [_row(loss=40.0, grad=3.5)] * 2, None) is not None  # its twin, held
 
 
 def test_a_shift_that_persists_becomes_the_new_baseline():
@@ -186,3 +187,24 @@ def test_a_rank_whose_faults_keep_vanishing_on_replay_becomes_a_suspect_device()
     assert gate.suspects(5, [0]) == {}  # another rank once: nothing points at either device
     assert gate.suspects(8, [1]) == {1: 2}  # rank 1 again within the window
     assert gate.suspects(30, [1]) == {}  # outside the window: counted afresh
+
+
+# -- a dynamic loss scaler's overflow (torch.amp GradScaler under Guard and Lightning) ----------------------
+
+def _scaled_row(loss=2.0, grad=1.0):
+    values = wire.StepValues(raw_loss=loss, grad_norm=grad, loss_scale=65536.0, lrs=[1e-3])
+    return LAYOUT.encode(values, torch.device("cpu")).tolist()
+
+
+def test_a_scaler_overflow_is_the_scalers_business_never_a_fault_nor_budget():
+    gate = Gate(RecoverOptions(budget=1, window=100))
+    for step in range(1, 6):  # five start-up overflows in a row: none held, no budget used
+        rows = [_scaled_row(grad=math.inf), _scaled_row(grad=math.nan)]
+        assert gate.judge(step, rows, None) is None
+        assert gate.judge(step, None, summary.of_rows(LAYOUT, rows)) is None
+    assert gate.num_held == 0 and not gate.held_steps
+    # its twins: the same norm without a scaler is held; a non-finite loss under a scaler is held too
+    assert Gate(RecoverOptions()).judge(1, [_row(grad=math.inf)] * 2, None).signature == "nonfinite"
+    held = Gate(RecoverOptions()).judge(1, [_scaled_row(loss=math.nan, grad=math.inf), _scaled_row(grad=math.inf)],
+                                        None)
+    assert held is not None and [f["fault"] for f in held.faults] == ["non-finite loss", "non-finite gradient norm"]

@@ -11,7 +11,11 @@ Loss: a step's loss on some rank is far above when above `typical + max(SPREADS 
 |typical|, NATS)`; `typical` is the median of the recent values, `spread` their median absolute deviation
 scaled to a normal sigma (robust: one earlier outlier moves neither). All three must be exceeded, so a flat
 loss (a zero spread) or a loss near zero (tiny values, huge ratios) cannot make a step a jump.
-Norm: far above when above `typical + max(SPREADS x spread, NORM_RELATIVE x typical)` of the recent norms.
+Norm: far above when above both `typical + SPREADS x spread` of the recent norms and `1 + NORM_RELATIVE` times
+the highest typical norm the run has had (`highest`, the median of the recent norms at its highest: usually
+the first steps'). A converged run's norms are small; a switch to new data brings them back to about what
+they were at the start, from an untrained model on that data: a ratio to the recent norms alone would hold
+exactly the steps the run has to learn from.
 
 Every step's values enter the history, held or not (a held step's values once the history is warm: see
 `LossHistory.commit`), so a shift that persists becomes the run's new baseline and the limits follow it.
@@ -44,10 +48,12 @@ from dataclasses import dataclass, field
 # - NATS: and at least half a nat above it, as LOSS006 asks: near a zero loss (memorisation) a ratio means
 #   nothing and a flat loss has a zero spread.
 SPREADS, RELATIVE, NATS = 10.0, 2.0, 0.5
-# The norm: over ten times its typical value (and ten spreads above it). A hard batch's gradients are a few
-# times the usual size (a cross-entropy's gradient per token is bounded); a poisoned batch's or a blown-up
-# step's are orders of magnitude larger.
-NORM_RELATIVE = 9.0
+# The norm: over three times the highest typical norm the run has had (and ten spreads above the recent
+# norms), as the loss's RELATIVE. A cross-entropy's gradient per token is bounded (at most sqrt(2) times an
+# untrained model's, when confidently wrong): a harder batch or a new task brings the norm back towards the
+# run's first steps' (measured: 1.7x and 1.9x them), while an update that threw the weights out of their
+# basin (one step at 10^4 x the LR: 4.7x), a poisoned batch or a blown-up LR goes past it.
+NORM_RELATIVE = 2.0
 # Before WARMUP values: a loss over this many times the typical of the first steps.
 EARLY_RATIO = 1000.0
 # Values the typical value and the spread are measured over: long enough for a median and a MAD that one
@@ -66,6 +72,7 @@ class LossHistory:
 
     norm: bool = False
     recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    highest: float = 0.0  # the norm's: the highest typical value the run has had (its first steps' usually)
 
     @property
     def warm(self) -> bool:
@@ -76,12 +83,12 @@ class LossHistory:
         if not self.recent:
             return None
         typical = statistics.median(self.recent)
+        if self.norm:  # measured against the highest typical norm of the run, not only the recent one
+            spread = _SIGMA * statistics.median(abs(value - typical) for value in self.recent) if self.warm else 0.0
+            return typical, spread, max(typical + SPREADS * spread, (1.0 + NORM_RELATIVE) * max(typical, self.highest))
         if not self.warm:  # what the first steps show: their typical value, a wide margin, no spread yet
-            ratio = NORM_RELATIVE if self.norm else EARLY_RATIO - 1.0
-            return typical, 0.0, typical + max(ratio * abs(typical), 0.0 if self.norm else NATS)
+            return typical, 0.0, typical + max((EARLY_RATIO - 1.0) * abs(typical), NATS)
         spread = _SIGMA * statistics.median(abs(value - typical) for value in self.recent)
-        if self.norm:
-            return typical, spread, typical + max(SPREADS * spread, NORM_RELATIVE * abs(typical))
         return typical, spread, typical + max(SPREADS * spread, RELATIVE * abs(typical), NATS)
 
     def commit(self, peak: float | None, held: bool = False) -> None:
@@ -90,3 +97,5 @@ class LossHistory:
         values would otherwise become its baseline at once."""
         if peak is not None and math.isfinite(peak) and not (held and not self.warm):
             self.recent.append(peak)
+            if self.norm and not held:
+                self.highest = max(self.highest, statistics.median(self.recent))
