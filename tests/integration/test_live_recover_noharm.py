@@ -15,7 +15,7 @@ from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  
 
 SCENARIOS = ["shift-plain", "shift-recover", "hard-plain", "hard-recover", "fp16-plain", "fp16-guard",
              "fp16-recover", "diverge-plain", "diverge-recover"]
-SHIFT_AT, HARD_EVERY = 41, 35  # noharm_job.py
+SHIFT_AT, HARD_EVERY = 81, 35  # noharm_job.py
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ import recover_job  # noqa: E402
 import tiny  # noqa: E402
 
 VOCAB, SEQ = recover_job.VOCAB, recover_job.SEQ
-SHIFT_STEPS, SHIFT_AT, HARD_STEPS, HARD_EVERY, FP16_STEPS, DIVERGE_STEPS = 80, 41, 80, 35, 20, 12
+SHIFT_STEPS, SHIFT_AT, HARD_STEPS, HARD_EVERY, FP16_STEPS, DIVERGE_STEPS = 120, 81, 80, 35, 20, 12
 
 
 def sequences(seed: int, hard: bool, rows: int = 4) -> dict[str, torch.Tensor]:
@@ -57,7 +57,7 @@ def run(out_dir: str, name: str) -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24) if fp16 else None
     steps = {"shift": SHIFT_STEPS, "hard": HARD_STEPS, "fp16": FP16_STEPS, "diverge": DIVERGE_STEPS}[case]
     guard = None if arm == "plain" else lossguard.Guard(
-        model, optimizer, scaler=scaler, events_dir=os.path.join(work, "events"), console=rank == 0,
+        model, optimizer, **({"scaler": scaler} if fp16 else {}), events_dir=os.path.join(work, "events"), console=rank == 0,
         recover=arm == "recover", **({"halt_on": "error"} if fp16 else {}))
     out: dict = {"losses": [], "commits": [], "halted_at": None, "scales": []}
     try:
