@@ -44,6 +44,9 @@ replay. One micro-batch per optimizer step (no gradient accumulation) in this ve
 state every S steps; weights that turn non-finite after a step are rolled back on every rank to the same
 snapshot, the batches since it skipped (`rollback`, monitor/snapshots.py).
 
+fp16 with a `torch.amp.GradScaler`: `Guard(model, optimizer, scaler=scaler)`, and `scaler.unscale_(optimizer)`
+before `commit`; the scaler's overflows (it skips those steps itself) are then never held nor budget.
+
 `exit_code_on_halt=N`: after a halt, closing the guard (`close()`, or leaving its `with` block) raises
 `SystemExit(N)` on every rank, so the script ends with status N (`exit_after_halt`).
 """
