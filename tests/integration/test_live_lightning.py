@@ -85,7 +85,7 @@ def test_exit_code_on_halt_ends_every_rank_and_torchrun_fails(lightning_runs):
 @pytest.fixture(scope="module")
 def recover_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("lightning_recover")
-    scenarios = ["recover", "recover_healthy", "plain"]
+    scenarios = ["recover", "recover_healthy", "plain", "fp16_plain", "fp16_guard", "fp16_recover"]
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     torchrun = Path(sys.executable).parent / "torchrun"
     proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
@@ -125,3 +125,26 @@ def test_recover_on_a_healthy_run_trains_exactly_as_without_lossguard(recover_ru
         assert ranks["recover_healthy"][r]["losses"] == ranks["plain"][r]["losses"]
         assert len(ranks["plain"][r]["losses"]) == 8
     assert all(rank["halted_at"] is None for rank in ranks["recover_healthy"])
+
+
+def test_fp16_start_up_overflows_are_the_scalers_business(recover_runs):
+    """16-mixed with a GradScaler that starts at 2^24: its first steps overflow (it skips them and halves its
+    scale), more of them than the recovery budget. Guarded (halt_on="warning") and with recover=True the run
+    trains exactly as without lossguard: no finding, no held step, no halt, bit-equal weights (before the
+    fix: LOSS001 halted the guarded run at step 1 and the recover run at step 4)."""
+    import torch
+
+    out, ranks = recover_runs
+    scales = ranks["fp16_plain"][0]["scales"]
+    assert sum(1 for before, after in zip(scales, scales[1:]) if after < before) >= 3
+    for name in ("fp16_guard", "fp16_recover"):
+        for r, rank in enumerate(ranks[name]):
+            plain = ranks["fp16_plain"][r]
+            assert rank["halted_at"] is None and rank["global_step"] == 8, name
+            assert rank["losses"] == plain["losses"] and rank["scales"] == plain["scales"], name
+            assert above_info(rank) == [], name
+            mine = torch.load(out / name / f"weights-rank{r}.pt")
+            theirs = torch.load(out / "fp16_plain" / f"weights-rank{r}.pt")
+            assert all(torch.equal(mine[key], theirs[key]) for key in theirs), name
+        lines = (out / name / "events" / "events-rank0.jsonl").read_text().splitlines()
+        assert not [x for x in map(json.loads, lines) if x["type"] in ("recovery", "halt")], name

@@ -42,12 +42,19 @@ def test_budget_counts_within_the_window_then_gives_up():
 
 # -- the loss jump (monitor/jump.py) ----------------------------------------------------------------------
 
-def _run(gate, losses, start=1):
-    """Feed one loss per step (the same on two ranks unless a list is given); the steps held."""
+ABNORMAL = 1000.0  # a gradient norm a thousand times the run's own (1.0): an abnormal update
+
+
+def _run(gate, losses, start=1, abnormal=True):
+    """Feed one loss per step (the same on two ranks unless a list is given); the steps held. Every step's
+    gradient norm is 1.0, except (with `abnormal`) a step whose loss is above the gate's loss limit: there
+    the update is abnormal too (ABNORMAL), as with a garbage batch or a blown-up step."""
     held = []
     for step, loss in enumerate(losses, start):
         per_rank = loss if isinstance(loss, list) else [loss, loss]
-        hold = gate.judge(step, [_row(loss=value) for value in per_rank], None)
+        bound = gate.losses.bound()
+        high = abnormal and bound is not None and max(per_rank) > bound[2]
+        hold = gate.judge(step, [_row(loss=value, grad=ABNORMAL if high else 1.0) for value in per_rank], None)
         if hold is not None:
             held.append((step, hold))
     return held
@@ -75,9 +82,38 @@ def test_the_floors_hold_a_flat_run_below_them():
     assert len(_run(Gate(RecoverOptions()), [0.01] * 25 + [0.01 + NATS + 0.01])) == 1
 
 
-def test_nothing_is_held_during_the_warm_up():
+def test_during_the_warm_up_only_a_divergence_from_the_first_steps_is_held():
+    """Before WARMUP steps the spread is unknown: only a loss EARLY_RATIO times the first steps' with an
+    exploding norm is held (an LR far too high), a 100x loss is not."""
     assert _run(Gate(RecoverOptions()), [2.0] * (WARMUP - 1) + [200.0]) == []
     assert [step for step, _ in _run(Gate(RecoverOptions()), [2.0] * WARMUP + [200.0])] == [WARMUP + 1]
+    diverging = [4.4] + [27000.0] * 6  # loss 4.4, then 6000x from the second step on
+    assert [step for step, _ in _run(Gate(RecoverOptions(budget=10)), diverging)] == [2, 3, 4, 5, 6, 7]
+    # its healthy twin: the same loss with an ordinary update is not held; nor a steep fall
+    assert _run(Gate(RecoverOptions()), diverging, abnormal=False) == []
+    assert _run(Gate(RecoverOptions()), [4.4 * 0.5 ** step for step in range(WARMUP)]) == []
+
+
+def test_a_jump_with_an_ordinary_update_is_data_and_never_held():
+    """A loss far above the run's spread whose gradient norm is the run's usual one: committed."""
+    assert _run(Gate(RecoverOptions()), [2.0] * 30 + [[2.0, 100.0]] + [2.0] * 5, abnormal=False) == []
+    gate = Gate(RecoverOptions())  # the norm 2.5x its usual size: within the norm's margin (3x)
+    for step in range(1, 31):
+        assert gate.judge(step, [_row(loss=2.0, grad=1.0)] * 2, None) is None
+    assert gate.judge(31, [_row(loss=40.0, grad=2.5)] * 2, None) is None
+    assert gate.judge(32, [_row(loss=40.0, grad=3.5)] * 2, None) is not None  # its twin, held
+
+
+def test_a_shift_that_persists_becomes_the_new_baseline():
+    """A switch to harder data: the loss 4x from step 31 on, the norm 2x; never held, and the limit
+    follows the new level within half a window."""
+    gate = Gate(RecoverOptions())
+    for step in range(1, 31):
+        assert gate.judge(step, [_row(loss=1.0, grad=1.0)] * 2, None) is None
+    for step in range(31, 80):
+        assert gate.judge(step, [_row(loss=4.0 + 0.01 * (step % 3), grad=2.0)] * 2, None) is None, step
+    typical, _, limit = gate.losses.bound()
+    assert typical >= 4.0 and limit > 12.0
 
 
 def test_a_noisy_healthy_run_is_never_held():
@@ -110,14 +146,14 @@ def test_a_steep_smooth_early_descent_is_never_held():
     assert _run(Gate(RecoverOptions()), rising) == []
 
 
-def test_a_held_jump_does_not_enter_the_history():
+def test_a_held_steps_loss_enters_the_history_once_warm():
     gate = Gate(RecoverOptions(budget=5, window=100))
     _run(gate, [2.0] * 30)
     before = list(gate.losses.recent)
-    assert len(_run(gate, [50.0, 50.0, 50.0], start=31)) == 3  # held every time: the limit did not move
-    assert list(gate.losses.recent) == before
-    _run(gate, [2.5], start=34)
-    assert list(gate.losses.recent) == [*before, 2.5]  # a committed step does enter it
+    assert len(_run(gate, [50.0, 50.0, 50.0], start=31)) == 3  # held every time: three outliers move no median
+    assert list(gate.losses.recent) == [*before, 50.0, 50.0, 50.0][-len(gate.losses.recent):]
+    early = Gate(RecoverOptions())  # before the warm-up a held value does not become the baseline
+    assert len(_run(early, [4.4, 27000.0])) == 1 and list(early.losses.recent) == [4.4]
 
 
 def test_rows_and_summary_agree_on_the_jump():
@@ -126,7 +162,7 @@ def test_rows_and_summary_agree_on_the_jump():
     rng = random.Random(3)
     series = [[2.0 + rng.gauss(0, 0.1) for _ in range(3)] for _ in range(40)] + [[2.0, 2.1, 40.0], [2.0, 2.1, 2.2]]
     for step, losses in enumerate(series, 1):
-        rows = [_row(loss=value) for value in losses]
+        rows = [_row(loss=value, grad=ABNORMAL if step == 41 else 1.0) for value in losses]
         from_rows = by_rows.judge(step, rows, None)
         from_summary = by_summary.judge(step, None, summary.of_rows(LAYOUT, rows))
         assert (from_rows is None) == (from_summary is None), step
@@ -140,7 +176,7 @@ def test_rows_and_summary_agree_on_the_jump():
 def test_a_non_finite_fault_comes_before_a_jump():
     gate = Gate(RecoverOptions())
     _run(gate, [2.0] * 25)
-    hold = gate.judge(26, [_row(loss=math.nan), _row(loss=90.0)], None)
+    hold = gate.judge(26, [_row(loss=math.nan, grad=ABNORMAL), _row(loss=90.0, grad=ABNORMAL)], None)
     assert [f["fault"] for f in hold.faults] == ["non-finite loss", JUMP]
     assert hold.signature == "nonfinite" and hold.ranks == [0]
 
@@ -151,3 +187,24 @@ def test_a_rank_whose_faults_keep_vanishing_on_replay_becomes_a_suspect_device()
     assert gate.suspects(5, [0]) == {}  # another rank once: nothing points at either device
     assert gate.suspects(8, [1]) == {1: 2}  # rank 1 again within the window
     assert gate.suspects(30, [1]) == {}  # outside the window: counted afresh
+
+
+# -- a dynamic loss scaler's overflow (torch.amp GradScaler under Guard and Lightning) ----------------------
+
+def _scaled_row(loss=2.0, grad=1.0):
+    values = wire.StepValues(raw_loss=loss, grad_norm=grad, loss_scale=65536.0, lrs=[1e-3])
+    return LAYOUT.encode(values, torch.device("cpu")).tolist()
+
+
+def test_a_scaler_overflow_is_the_scalers_business_never_a_fault_nor_budget():
+    gate = Gate(RecoverOptions(budget=1, window=100))
+    for step in range(1, 6):  # five start-up overflows in a row: none held, no budget used
+        rows = [_scaled_row(grad=math.inf), _scaled_row(grad=math.nan)]
+        assert gate.judge(step, rows, None) is None
+        assert gate.judge(step, None, summary.of_rows(LAYOUT, rows)) is None
+    assert gate.num_held == 0 and not gate.held_steps
+    # its twins: the same norm without a scaler is held; a non-finite loss under a scaler is held too
+    assert Gate(RecoverOptions()).judge(1, [_row(grad=math.inf)] * 2, None).signature == "nonfinite"
+    held = Gate(RecoverOptions()).judge(1, [_scaled_row(loss=math.nan, grad=math.inf), _scaled_row(grad=math.inf)],
+                                        None)
+    assert held is not None and [f["fault"] for f in held.faults] == ["non-finite loss", "non-finite gradient norm"]

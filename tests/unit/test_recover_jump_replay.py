@@ -1,5 +1,7 @@
 """A held loss jump, replayed (`commit(forward=...)`, one process): a jump that does not come back is
-transient and its replay committed; one that comes back with the same batch and weights keeps the step held."""
+transient and its replay committed; one that comes back with the same batch and weights, its update still
+abnormal, keeps the step held; one whose replayed loss is high but whose replayed update is ordinary is the
+batch's data: committed."""
 
 from __future__ import annotations
 
@@ -15,21 +17,24 @@ from lossguard.monitor.jump import WARMUP  # noqa: E402
 JUMP_STEP = WARMUP + 5
 
 
-def _train(tmp_path, scale_first_attempt: float, scale_batch: float) -> tuple[list[bool], list[dict]]:
+def _train(tmp_path, scale_first_attempt: float, scale_batch: float,
+           offset_batch: float = 0.0) -> tuple[list[bool], list[dict]]:
     """JUMP_STEP's loss is scaled on its first attempt only (`scale_first_attempt`: the replay is clean), or
-    by its batch (`scale_batch`: the replay gives it again)."""
+    by its batch (`scale_batch`: the replay gives it again); either scales its gradients as much (an
+    abnormal update). `offset_batch` adds a constant to that batch's loss: high, its gradients ordinary."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     guard = lossguard.Guard(model, optimizer, events_dir=tmp_path, recover=True, console=False)
     commits = []
-    for step, batch in enumerate(guard.batches([{"x": torch.randn(8, 4), "scale": torch.ones(8)}
-                                                for _ in range(JUMP_STEP + 3)]), 1):
+    for step, batch in enumerate(guard.batches([{"x": torch.randn(8, 4), "scale": torch.ones(8),
+                                                 "offset": torch.ones(8)} for _ in range(JUMP_STEP + 3)]), 1):
         if step == JUMP_STEP:
             batch["scale"] = torch.full((8,), scale_batch)
+            batch["offset"] = torch.full((8,), 1.0 + offset_batch)
 
         def forward(b):
-            return (model(b["x"]).squeeze(-1) ** 2 * b["scale"]).mean() + 1.0
+            return (model(b["x"]).squeeze(-1) ** 2 * b["scale"] + b["offset"]).mean()
 
         loss = forward(batch) * (scale_first_attempt if step == JUMP_STEP else 1.0)
         loss.backward()
@@ -57,3 +62,12 @@ def test_a_jump_that_comes_back_on_replay_stays_held(tmp_path):
         (JUMP_STEP, "held", "loss-spike", 1)]
     assert recoveries[0]["action"].startswith("held: replayed, the loss jumped")
     assert recoveries[0]["replay"]["faulted_again"] == [0]
+
+
+def test_a_jump_whose_replayed_update_is_ordinary_is_the_datas_and_committed(tmp_path):
+    """The first attempt's loss and update both jumped; the replay's loss is as high (the batch's own) but
+    its update ordinary: a hard batch, not a fault; the replay is committed, no step lost."""
+    commits, recoveries = _train(tmp_path, scale_first_attempt=50.0, scale_batch=1.0, offset_batch=100.0)
+    assert all(commits)
+    assert [(r["step"], r["kind"], r["steps_lost"]) for r in recoveries] == [(JUMP_STEP, "transient", 0)]
+    assert recoveries[0]["replay"]["losses"]["0"] > recoveries[0]["faults"][0]["limit"]

@@ -326,15 +326,15 @@ class Monitor:
 
     def _row_record(self, step: int, rank: int, row: list[float]) -> Record:
         signals, data = self.layout.decode(row)
-        if "skipped_steps" in signals:
-            skipped = signals["skipped_steps"]
+        if (skipped := signals.get("skipped_steps")) is not None:
             if skipped > self._last_skipped.get(rank, 0.0) and "grad_norm" in signals:
-                # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): the
-                # grad_norm DeepSpeed reports now is its overflow marker (inf, or the last good
-                # value), not a measurement; keep it out of the signals
+                # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): DeepSpeed's
+                # grad_norm is then its overflow marker (inf, or the last good value), not a measurement
                 data["step_skipped"] = True
                 data["grad_norm_reported"] = signals.pop("grad_norm")
             self._last_skipped[rank] = skipped
+        else:  # no skip counter: a GradScaler's overflow, if any, is read from the norm
+            wire.mark_scaler_overflow(signals, data)
         return Record(step=step, rank=rank, signals=signals, data=data, source="live")
 
     def _emit_records(self, records: list[Record]) -> list[Finding]:

@@ -44,6 +44,9 @@ replay. One micro-batch per optimizer step (no gradient accumulation) in this ve
 state every S steps; weights that turn non-finite after a step are rolled back on every rank to the same
 snapshot, the batches since it skipped (`rollback`, monitor/snapshots.py).
 
+fp16 with a `torch.amp.GradScaler`: `Guard(model, optimizer, scaler=scaler)`, and `scaler.unscale_(optimizer)`
+before `commit`; the scaler's overflows (it skips those steps itself) are then never held nor budget.
+
 `exit_code_on_halt=N`: after a halt, closing the guard (`close()`, or leaving its `with` block) raises
 `SystemExit(N)` on every rank, so the script ends with status N (`exit_after_halt`).
 """
@@ -73,11 +76,14 @@ class LossguardHalt(RuntimeError):
 
 class Guard:
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, scheduler: Any = None,
-                 **options: Any) -> None:
+                 scaler: Any = None, **options: Any) -> None:
         """`scheduler`: the LR scheduler, when snapshots (`RecoverOptions(snapshot_every=S)`) are to hold
-        and restore its state with the optimizer's."""
+        and restore its state with the optimizer's. `scaler`: the fp16 loop's `torch.amp.GradScaler`; its
+        overflows (a non-finite gradient norm beside a finite loss, which `scaler.step` skips) are then its
+        own business: never held, never counted against the budget, never a finding."""
         self._start(model, optimizer, GuardOptions(**options), _torch_facts(), "guard")
         self.scheduler = scheduler
+        self.scaler = scaler
 
     @classmethod
     def for_entry(cls, model: torch.nn.Module, optimizer: Any, options: GuardOptions, *,
@@ -96,6 +102,7 @@ class Guard:
         self.quarantine = quarantine.Quarantine(options.events_dir)
         self._rng: dict[str, Any] | None = None  # the RNG state the last batch of `batches` was handed out with
         self.scheduler = None
+        self.scaler = None  # a dynamic loss scaler (torch.amp GradScaler): see `__init__`
         self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
         every = options.recovery.every_for(model) if options.recovery is not None else 0
         self.ring = snapshots.Ring(every, options.recovery.keep) if every else None
@@ -224,10 +231,14 @@ class Guard:
                 grad_norm = None
         if lrs is None and optimizer is not None:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        scaler_scale = None
+        scaler_scale = _scale(self.scaler)
+        if scaler_scale is not None and not skipped:  # the scaler's skips are read from the norm (core.py)
+            skipped_steps = None
+        else:
+            skipped_steps = self._skipped
         step_no = self.num_steps if step is None else step
         if self.monitor.end_step(step_no, grad_norm=grad_norm, lrs=lrs, loss_scale=scaler_scale,
-                                 skipped_steps=self._skipped, gating=gating):
+                                 skipped_steps=skipped_steps, gating=gating):
             raise LossguardHalt(step_no)
 
     def close(self) -> None:
@@ -243,6 +254,17 @@ class Guard:
             self.close()
         else:  # another error is on its way out: finish the events file, let the error decide the status
             self.monitor.close()
+
+
+def _scale(scaler: Any) -> Any:
+    """The scaler's current scale as the device tensor it keeps (`get_scale()` would wait for the device);
+    None without an enabled scaler or before its first `scale()`."""
+    try:
+        if scaler is None or not scaler.is_enabled():
+            return None
+        return getattr(scaler, "_scale", None)
+    except Exception:
+        return None
 
 
 def exit_after_halt(monitor: Monitor | None) -> None:

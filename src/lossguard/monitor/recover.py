@@ -7,9 +7,11 @@ rank's row (below the world-size threshold; above it the summary, and the rows w
 non-finite or zero value, which every fault here is), so every rank reads the same faults from the same
 numbers and reaches the same decision: commit on all ranks, or hold on all ranks. No extra collective.
 
-A fault the gate holds: a non-finite loss on any rank, a non-finite gradient norm on any rank, a micro-batch
-whose labels are all masked (fewest label tokens 0), and, once it has measured the run's spread, a loss on
-some rank that jumps far above it (monitor/jump.py: the gate's own history of committed steps). A held step is not fed to the detectors (it was not
+A fault the gate holds: a non-finite loss on any rank, a non-finite gradient norm on any rank (unless a
+dynamic loss scaler is in charge and the loss is finite: an fp16 overflow the scaler skips and answers by
+lowering its scale, its own business, never a fault nor budget), a micro-batch whose labels are all masked
+(fewest label tokens 0), and a loss on some rank far above the run's spread together with a gradient norm
+far above the run's norms (monitor/jump.py: a high loss alone is data). A held step is not fed to the detectors (it was not
 applied: it is not part of the run's trajectory, and a detector that reports a fault once must still see a
 later, real one); it is written to every rank's events file as a `recovery` line with the values that
 triggered it, and `lossguard analyze` lists it under `recoveries`.
@@ -78,6 +80,11 @@ class Hold:
         return next((f["limit"] for f in self.faults if f["fault"] == JUMP), None)
 
     @property
+    def norm_limit(self) -> float | None:
+        """The gradient norm above which the held jump's update was abnormal, None unless one was measured."""
+        return next((f.get("norm_limit") for f in self.faults if f["fault"] == JUMP), None)
+
+    @property
     def code(self) -> str:
         return _first(self.faults, 3)
 
@@ -93,7 +100,8 @@ class Gate:
     held_steps: deque = field(default_factory=deque)
     num_held: int = 0
     replay: bool = False  # set by `Guard.commit` when it will replay a held step (monitor/replay.py)
-    losses: LossHistory = field(default_factory=LossHistory)  # committed steps only: a held one is no spread
+    losses: LossHistory = field(default_factory=LossHistory)  # every step's highest loss (monitor/jump.py)
+    norms: LossHistory = field(default_factory=lambda: LossHistory(norm=True))  # and its highest grad norm
     transients: dict = field(default_factory=dict)  # rank -> steps whose fault there did not come back on replay
     # with snapshots on: a step whose replicas' fingerprints differ is held, and rolled back (holding alone
     # cannot bring drifted replicas together)
@@ -116,12 +124,13 @@ class Gate:
         """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank, and
         so is the loss history each rank keeps."""
         faults = _from_rows(rows) if rows is not None else _from_summary(seen)
-        peak = _peak(rows, seen)
+        peak, norm = _peak(rows, seen), _peak(rows, seen, wire.GRAD_NORM)
         drift = _drift(rows) if self.watch_drift and rows is not None else None
-        jump = _jump(self.losses.bound(), peak, rows)
+        jump = _jump(self.losses.bound(), peak, rows, self.norms.bound(), norm, _measured(rows, seen))
         faults.extend(f for f in (drift, jump) if f is not None)
+        self.losses.commit(peak, held=bool(faults))
+        self.norms.commit(norm, held=bool(faults))
         if not faults:
-            self.losses.commit(peak)
             return None
         while self.held_steps and step - self.held_steps[0] >= self.options.window:
             self.held_steps.popleft()
@@ -152,17 +161,27 @@ class Gate:
 def describe(faults: list[dict[str, Any]]) -> str:
     """The faults as the console says them; a jump with the numbers it was judged by."""
     return "; ".join(f"{f['fault']} on rank(s) {', '.join(map(str, f['ranks']))}"
-                     + (f" (loss {f['loss']:.4g}, typical {f['typical']:.4g}, spread {f['spread']:.3g})"
-                        if f["fault"] == JUMP else "") for f in faults)
+                     + (f" (loss {f['loss']:.4g}, typical {f['typical']:.4g}, spread {f['spread']:.3g}"
+                        + (f"; gradient norm {f['norm']:.4g}, typical {f['norm_typical']:.4g}" if "norm" in f else "")
+                        + ")" if f["fault"] == JUMP else "") for f in faults)
 
 
 def _from_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
     faults = []
     for name, slot, _, _ in _BY_SLOT:
-        values = {rank: row[slot] for rank, row in enumerate(rows) if _present(row, slot) and _faulty(slot, row[slot])}
+        values = {rank: row[slot] for rank, row in enumerate(rows) if _present(row, slot) and _faulty(slot, row[slot])
+                  and not (slot == wire.GRAD_NORM and _overflow(row))}
         if values:
             faults.append({"fault": name, "ranks": sorted(values), "values": values})
     return faults
+
+
+def _overflow(row: list[float]) -> bool:
+    """A non-finite gradient norm under a dynamic loss scaler (the rank sends its scale) beside a finite
+    loss: the scaler skips that step and lowers its scale (torch.amp's GradScaler, Lightning's 16-mixed).
+    The scaler's business: the step is let through to it, never held, never counted against the budget."""
+    bits = row[wire.PRESENT]
+    return bits == bits and bool(int(bits) & wire.HAS_SCALE) and math.isfinite(row[wire.RAW_LOSS])
 
 
 def _present(row: list[float], slot: int) -> bool:
@@ -180,36 +199,50 @@ def _from_summary(seen: summary.Summary | None) -> list[dict[str, Any]]:
     if seen is None:
         return []
     faults = []
+    scaled = seen.has(wire.LOSS_SCALE) and seen.nonfinite[wire.RAW_LOSS] == 0  # overflows: the scaler's
     for name, slot, _, _ in _BY_SLOT:
         count = seen.zeros[slot] if slot == wire.MIN_LABELS else seen.nonfinite[slot]
-        if count > 0:
+        if count > 0 and not (slot == wire.GRAD_NORM and scaled):
             faults.append({"fault": name, "ranks": [], "values": {}})
     return faults
 
 
-def _peak(rows: list[list[float]] | None, seen: summary.Summary | None) -> float | None:
-    """The step's highest finite loss over the ranks (None: none measured): from the rows, or the summary's
-    max, which is the same number."""
+def _peak(rows: list[list[float]] | None, seen: summary.Summary | None, slot: int = wire.RAW_LOSS) -> float | None:
+    """The step's highest finite loss (or `slot`'s value) over the ranks (None: none measured): from the
+    rows, or the summary's max, which is the same number."""
     if rows is not None:
-        losses = [row[wire.RAW_LOSS] for row in rows if _present(row, wire.RAW_LOSS)]
-        return max((loss for loss in losses if math.isfinite(loss)), default=None)
-    if seen is None or not seen.has(wire.RAW_LOSS):
+        values = [row[slot] for row in rows if _present(row, slot)]
+        return max((value for value in values if math.isfinite(value)), default=None)
+    if seen is None or not seen.has(slot):
         return None
-    high = seen.high[wire.RAW_LOSS]
+    high = seen.high[slot]
     return high if math.isfinite(high) else None
 
 
-def _jump(bound: tuple[float, float, float] | None, peak: float | None,
-          rows: list[list[float]] | None) -> dict[str, Any] | None:
-    """The jump fault, with what it was measured against (the user sees why), or None. From the summary
-    the ranks are unknown: only the highest loss is."""
+def _measured(rows: list[list[float]] | None, seen: summary.Summary | None) -> bool:
+    """Whether some rank measured a gradient norm before this step (a DeepSpeed gate's does not)."""
+    if rows is not None:
+        return any(_present(row, wire.GRAD_NORM) for row in rows)
+    return seen is not None and seen.has(wire.GRAD_NORM)
+
+
+def _jump(bound: tuple[float, float, float] | None, peak: float | None, rows: list[list[float]] | None,
+          norm_bound: tuple[float, float, float] | None, norm: float | None, measured: bool) -> dict[str, Any] | None:
+    """The jump fault, with what it was measured against (the user sees why), or None: a loss far above the
+    run's AND, where a norm is measured, a finite norm far above the run's (a non-finite one is its own
+    fault). From the summary the ranks are unknown: only the highest loss is."""
     if bound is None or peak is None or peak <= bound[2]:
         return None
+    if measured and (norm_bound is None or norm is None or norm <= norm_bound[2]):
+        return None  # a high loss with an ordinary update: data, not a fault
     typical, spread, limit = bound
     values = {} if rows is None else {rank: row[wire.RAW_LOSS] for rank, row in enumerate(rows)
                                       if _present(row, wire.RAW_LOSS) and row[wire.RAW_LOSS] > limit}
-    return {"fault": JUMP, "ranks": sorted(values), "values": values, "loss": peak, "typical": typical,
-            "spread": spread, "limit": limit}
+    fault = {"fault": JUMP, "ranks": sorted(values), "values": values, "loss": peak, "typical": typical,
+             "spread": spread, "limit": limit}
+    if measured:
+        fault.update(norm=norm, norm_typical=norm_bound[0], norm_limit=norm_bound[2])
+    return fault
 
 
 def _drift(rows: list[list[float]]) -> dict[str, Any] | None:

@@ -21,8 +21,9 @@ When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.
   * it faults again and some rank named some but not all of its samples: **sample**; they are quarantined
     (monitor/quarantine.py), every rank recomputes its loss from its handout RNG state on the samples kept
     and runs backward, and the step is committed.
-  * a held jump that jumps again, every loss and gradient finite: the batch gives that loss with these
-    weights; **held** (the batch dropped; no per-sample scan: one healthy sample's loss may well sit above a
+  * a held jump that jumps again (the loss above the limit it was held at and, where the gate measured a
+    norm, the replayed norm still far above the run's), every loss and gradient finite: the batch gives
+    that update with these weights; **held** (the batch dropped; no per-sample scan: one healthy sample's loss may well sit above a
     limit set on the losses of whole batches, so it would name healthy samples).
   * it faults again and no sample is named (the gradients, not the loss, are non-finite) or every sample
     of a rank's batch fails: the state is bad, not the data: **held**, as tier 1 (non-finite weights are rolled back
@@ -98,8 +99,13 @@ class Ops:
         loss.backward()
 
     def grads_ok(self) -> bool:
+        norm = self.norm()
+        return norm is None or math.isfinite(norm)
+
+    def norm(self) -> float | None:
+        """The gradients' norm, as the gate measured it (None: no gradient). SYNC POINT: fault path only."""
         norm = tensors.grad_norm(p for p in self.model.parameters() if p.requires_grad)
-        return norm is None or math.isfinite(float(norm))  # SYNC POINT: fault path only
+        return None if norm is None else float(norm)
 
     @contextlib.contextmanager
     def scanning(self) -> Iterator[None]:
@@ -194,10 +200,16 @@ class Replayer:
             loss = forward(batch)
             self.ops.backward(loss)
             row["loss"] = float(loss.detach())  # SYNC POINT: fault path only
-            # a held jump faults again when the replayed loss is still above the limit it was held at
-            limit = hold.jump_limit
-            row["loss_ok"] = math.isfinite(row["loss"]) and (limit is None or row["loss"] <= limit)
-            row["grads_ok"] = self.ops.grads_ok()
+            # a held jump faults again when the replayed loss is still above the limit it was held at and
+            # (where the gate measured a norm) the replayed update is still abnormal: a high loss with an
+            # ordinary update is the batch's data, committed
+            limit, norm_limit = hold.jump_limit, hold.norm_limit
+            jumped = limit is not None and row["loss"] > limit
+            norm = self.ops.norm() if jumped and norm_limit is not None and hasattr(self.ops, "norm") else None
+            if norm is not None and math.isfinite(norm) and norm <= norm_limit:
+                jumped = False
+            row["loss_ok"] = math.isfinite(row["loss"]) and not jumped
+            row["grads_ok"] = self.ops.grads_ok() if norm is None else math.isfinite(norm)
             row["size"] = quarantine.num_samples(batch)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"

@@ -178,3 +178,13 @@ def slot_bits(layout: Layout) -> tuple[int, ...]:
 def failed(row: list[float]) -> bool:
     """The sending rank's lossguard failed (its row carries no signals)."""
     return bool(row[ERROR])
+
+
+def mark_scaler_overflow(signals: dict[str, float], data: dict[str, Any]) -> None:
+    """A row of a dynamic loss scaler with no skip counter (torch.amp's GradScaler under Guard or
+    Lightning): a non-finite norm beside a finite loss is an overflow the scaler skips (the gate lets it
+    through to it, monitor/recover.py), not a measurement: marked as a skipped step, the norm set aside."""
+    if "loss_scale" in signals and not math.isfinite(signals.get("grad_norm", 0.0)) \
+            and math.isfinite(signals.get("raw_loss", math.nan)):
+        data["step_skipped"] = True
+        data["grad_norm_reported"] = signals.pop("grad_norm")

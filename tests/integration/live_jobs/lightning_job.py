@@ -8,7 +8,11 @@ only sets `should_stop` going; the guard checkpoints and stops, then exits with 
 the run trains on; `recover_healthy` / `plain`: recover=True without a fault / no guard at all. Each rank
 writes OUT_DIR/SCENARIO/rank{r}.json in a `finally`, with the SystemExit code it saw, if any, and the losses
 `training_step` returned; in `recover`, its model, optimizer and scheduler state as step 4 began and as
-step 5 began (before-rank{r}.pt, after-rank{r}.pt).
+step 5 began (before-rank{r}.pt, after-rank{r}.pt). `fp16_plain` / `fp16_guard` / `fp16_recover`: the healthy
+run under fp16 autocast (`MixedPrecision("16-mixed", "cpu")`) with a GradScaler that starts at 2^24, so its
+first steps overflow and it skips them, halving its scale (a GPU run's start-up at 2^16, with larger
+gradients): without lossguard, guarded (halt_on="warning"), and with recover=True; each rank also writes
+its final weights (weights-rank{r}.pt) and the scales the scaler went through.
 """
 
 from __future__ import annotations
@@ -57,12 +61,14 @@ def run(out_dir: str, scenario: str) -> None:
 
     work = os.path.join(out_dir, scenario)
     os.makedirs(work, exist_ok=True)
-    recover = scenario.startswith("recover")
+    recover = scenario.startswith("recover") or scenario.endswith("_recover")
+    fp16 = scenario.startswith("fp16")
     guard = LossguardLightningCallback(events_dir=os.path.join(work, "events"), halt_on="warning" if not recover
                                        else "error", fingerprint_every=1,
                                        halt_checkpoint_dir=os.path.join(work, "ckpt"),
                                        exit_code_on_halt=3 if scenario == "nan" else None, recover=recover)
     losses: list[float] = []
+    scales: list[float] = []
 
     class Probe(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -75,20 +81,31 @@ def run(out_dir: str, scenario: str) -> None:
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             losses.append(float(outputs["loss"]))
+            if fp16:
+                scales.append(trainer.precision_plugin.scaler.get_scale())
 
-    callbacks = [Probe()] + ([] if scenario == "plain" else [guard])
+    callbacks = [Probe()] + ([] if scenario in ("plain", "fp16_plain") else [guard])
+    plugins = []
+    if fp16:
+        from lightning.pytorch.plugins import MixedPrecision
+
+        plugins = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 24))]
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=8, callbacks=callbacks,
                         gradient_clip_val=CLIP, min_steps=8 if scenario == "nan" else None, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        plugins=plugins)
     exit_code = None
+    lm = module(scenario)
     try:
-        trainer.fit(module(scenario), DataLoader(tiny.Tokens(64), batch_size=4))
+        trainer.fit(lm, DataLoader(tiny.Tokens(64), batch_size=4))
+        if fp16:
+            torch.save(lm.state_dict(), os.path.join(work, f"weights-rank{tiny.rank()}.pt"))
     except SystemExit as exc:
         exit_code = exc.code
         raise
     finally:
         monitor = guard.guard.monitor if guard.guard else None
-        summary = {"scenario": scenario, "rank": tiny.rank(), "exit_code": exit_code, "losses": losses,
+        summary = {"scenario": scenario, "rank": tiny.rank(), "exit_code": exit_code, "losses": losses, "scales": scales,
                    "halted_at": guard.halted_at, "global_step": trainer.global_step,
                    "checkpoint": guard.checkpoint_path,
                    "findings": [f.to_dict() for f in monitor._emitted] if monitor else []}

@@ -13,7 +13,9 @@ A `Guard` driven by three hooks, in the order Lightning 2.x calls them for one o
   (collective: rank 0 writes, all wait).
 
 The grad norm is that of the gradients in `.grad` (DDP, single device); under a sharded strategy (FSDP,
-DeepSpeed) it is the rank's shard.
+DeepSpeed) it is the rank's shard. With `16-mixed` the precision plugin's GradScaler is the guard's `scaler`:
+its overflows (a non-finite norm beside a finite loss: Lightning's `scaler.step` skips the step) are never
+findings, held steps or budget.
 
 `recover=True` (lightning_gate.py): the step ends in `on_before_optimizer_step` instead, through
 `Guard.commit`, with each micro-batch's loss read in `on_before_backward`; a held step's gradients are set
@@ -57,6 +59,8 @@ class LossguardLightningCallback(Callback):
         self.guard = Guard.for_entry(pl_module, optimizer, self.options, facts=_lightning_facts(trainer),
                                      entry="lightning")
         self._last_step = trainer.global_step
+        # 16-mixed: the precision plugin's GradScaler; its start-up overflows are its own (Guard's `scaler`)
+        self.guard.scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         if self.gate is not None:
             self.gate.start(trainer)
 
