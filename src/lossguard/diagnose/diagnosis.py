@@ -66,9 +66,10 @@ SUSPICIOUS_CAUSES = {"label-leakage"}
 
 
 def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplete: list[str] | None = None,
-             gathering: Gathering | None = None) -> Diagnosis:
+             gathering: Gathering | None = None, recoveries: list[dict[str, Any]] | None = None) -> Diagnosis:
     """The verdict, decided once here. `incomplete` holds why part of the input was not analysed: then a
-    warning-level finding says so and a healthy verdict becomes a warning (never a silent healthy)."""
+    warning-level finding says so and a healthy verdict becomes a warning (never a silent healthy).
+    `recoveries`: the steps the live guard recovered, when no gathering carries them (`watch`)."""
     diagnosis = _judge(result, inputs or [])
     diagnosis.gathering = gathering
     stats = result.stats
@@ -82,7 +83,8 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplet
             data={"reasons": list(diagnosis.incomplete)}))
         if diagnosis.verdict == "healthy":
             diagnosis.verdict = "warning"
-    diagnosis.recoveries = sorted(gathering.recoveries if gathering is not None else [], key=lambda r: r["step"])
+    known = gathering.recoveries if gathering is not None else recoveries or []
+    diagnosis.recoveries = sorted(known, key=lambda r: r["step"])
     if diagnosis.recoveries:
         diagnosis.findings.append(recovered_finding(diagnosis.recoveries))
         if diagnosis.verdict == "healthy":  # a recovered run never reads as if nothing happened

@@ -108,7 +108,45 @@ def discover_inputs(paths: list[str], gathering: Gathering | None = None) -> lis
         source = trackers.bind(path, source, run, gathering, label)
         found.append(Input(path, source, label))
         gathering.used.append(f"{label} ({source.name})")
+    if found and not any(isinstance(i.source, LossguardEventsSource) for i in found) and \
+            not any(p != "-" and Path(p).is_dir() for p in paths):
+        _recoveries_beside([Path(p) for p in paths if p != "-" and _is_regular(Path(p))], gathering)
     return found
+
+
+def _recoveries_beside(files: list[Path], gathering: Gathering) -> None:
+    """A run's own log read alone (its stdout, trainer_state.json, metrics.csv) does not say which steps the
+    live guard recovered; the guard's events dir beside it does. Looked for in the log's folder, the folder
+    above it (output_dir/trainer_state.json beside the events dir) and their folders one level down; used
+    only when exactly one such dir is found (another run's events must not speak for this one). Only its
+    `recovery` lines are read: the log's own numbers stay the analysis."""
+    dirs: set[Path] = set()
+    for path in files:
+        folder = path.resolve().parent
+        near = [folder, folder.parent] + ([folder.parent.parent] if CHECKPOINT.search(folder.name) else [])
+        for base in near:
+            for candidate in (base, *_subdirs(base)):
+                if any(candidate.glob("events-rank*.jsonl")):
+                    dirs.add(candidate)
+    if len(dirs) != 1:
+        if dirs:
+            gathering.notes.append("several lossguard events dirs beside the log (" + ", ".join(map(str, sorted(dirs)))
+                                   + "): none was read for its recoveries; pass the run's own with the log")
+        return
+    (events,) = dirs
+    from lossguard.sources.lossguard_events import recoveries_in
+
+    found = recoveries_in(sorted(events.glob("events-rank*.jsonl")))
+    if found:
+        gathering.recoveries.extend(found)
+        gathering.used.append(f"{events} (the live guard's recovery lines)")
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except OSError:
+        return []
 
 
 def _is_regular(path: Path) -> bool:
@@ -193,8 +231,8 @@ def _best_state(root: Path, states: list[Path]) -> Path:
 
 def _parse(item: Input, gathering: Gathering | None) -> Iterator[Record]:
     counts = gathering.counts if gathering is not None else None
-    if isinstance(item.source, TextLogSource):
-        return parse_file(item.path, counts)
+    if isinstance(item.source, TextLogSource):  # the guard's recovered lines in it go to the report's list
+        return parse_file(item.path, counts, gathering.recoveries if gathering is not None else None)
     if isinstance(item.source, JsonLinesSource):
         return item.source.parse(item.path, counts)
     if isinstance(item.source, LossguardEventsSource):
@@ -209,6 +247,8 @@ def _noting_guard_off(records: Iterator[Record], gathering: Gathering | None) ->
 
 
 def merged_records(inputs: list[Input], gathering: Gathering | None = None) -> Iterator[Record]:
+    if len(inputs) == 1 and gathering is not None and gathering.recoveries:  # read from the events dir beside
+        return _without_recovered(_parse(inputs[0], gathering), gathering)
     if len(inputs) == 1:  # the common case, streamed (a log of millions of lines stays flat in memory) and
         return _parse(inputs[0], gathering)  # handed on as it is: a generator in between costs per record
     return _merged_many(inputs, gathering)

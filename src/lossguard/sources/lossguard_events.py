@@ -92,3 +92,24 @@ def merged(paths: list[Path]) -> Iterator[Record]:
 
     source = LossguardEventsSource()
     yield from heapq.merge(*(source.parse(p) for p in sorted(paths)), key=key)
+
+
+def recoveries_in(paths: list[Path]) -> list[dict]:
+    """The `recovery` lines of a run's events files, once per step (every rank writes each), in step order;
+    only those lines are decoded (the others are skipped by a substring test)."""
+    found: dict[int, dict] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                for line in handle:
+                    if b'"type":"recovery"' not in line:
+                        continue
+                    try:
+                        obj = JSON.decode(line.decode("utf-8", "replace"))
+                    except JSON_ERRORS:
+                        continue
+                    if isinstance(obj, dict) and _int(obj.get("step")) is not None:
+                        found.setdefault(obj["step"], recovery(obj))
+        except OSError:
+            continue
+    return [found[step] for step in sorted(found)]
