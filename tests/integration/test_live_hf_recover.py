@@ -21,6 +21,7 @@ from tests.integration.test_live_ds_recover import _same  # noqa: E402
 pytestmark = pytest.mark.integration
 
 NAN_STEP = 4
+MARK = "==== hf_recover_job scenario"
 HELD = ["z1-nan_once", "z2-nan_once", "z3-nan_once", "ddp-nan_once"]
 SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain", "ddp-healthy", "ddp-plain",
              "z2-transient", "z2-plain", "z3-transient", "z1-transient", "z1-plain", "z2-poison", "z3-rollback",
@@ -30,7 +31,10 @@ SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_recover")
-    run_job("hf_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
+    _, log = run_job("hf_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
+    for name in SCENARIOS:  # the Trainer's own stdout of each scenario, beside its events dir, as a user keeps it
+        stdout = log.split(f"{MARK} begin {name}\n", 1)[1].split(f"{MARK} end {name}", 1)[0]
+        (out / name / "stdout.log").write_text(stdout)
     ranks = rank_outputs(out, SCENARIOS)
     summaries = {name: json.loads((out / name / "summary.json").read_text()) for name in SCENARIOS}
     return out, ranks, summaries
@@ -128,3 +132,28 @@ def test_every_rank_made_the_same_collectives(job, scenario):
     ranks = job[1]
     first, second = (ranks[scenario][r]["collectives"] for r in (0, 1))
     assert first == second and sum(first.values()) > 0
+
+
+@pytest.mark.parametrize("scenario", ["z2-transient", "ddp-nan_once"])
+@pytest.mark.parametrize("log", ["stdout.log", "out/trainer_state.json"])
+def test_a_recovered_runs_own_trainer_log_alone_knows_the_held_step_from_the_events_dir_beside_it(job, scenario, log):
+    """The Trainer logs the held step's first attempt (its NaN filter counts rank 1's NaN as 0: half the
+    loss; without DeepSpeed a NaN grad norm too). Read alone, the log takes the held steps from the events
+    dir beside it: the step is left out, the run reads as recovered (warning), never broken or healthy."""
+    out, _, summaries = job
+    logged = summaries[scenario]["logged"]
+    assert logged[NAN_STEP - 1] < 0.6 * logged[NAN_STEP - 2]  # the made-up value, as the Trainer logged it
+    report = analyze_json(out / scenario / log)
+    assert report["verdict"] == "warning" and report["signature"] is None
+    assert [(r["step"], r["ranks"]) for r in report["recoveries"]] == [(NAN_STEP, [1])]
+    assert report["stats"]["train_logs"] == 7  # eight steps, the held one not read as training
+    assert [f["code"] for f in report["findings"] if f["severity"] != "info"] == ["REC001"]
+
+
+@pytest.mark.parametrize("scenario", ["z3-healthy", "z3-plain", "ddp-healthy"])
+@pytest.mark.parametrize("log", ["stdout.log", "out/trainer_state.json"])
+def test_a_healthy_runs_own_trainer_log_stays_healthy_beside_its_events_dir(job, scenario, log):
+    """The twin: the same reading of a healthy run's log (with the guard's events dir beside it, or none)."""
+    out = job[0]
+    report = analyze_json(out / scenario / log)
+    assert report["verdict"] == "healthy" and report["recoveries"] == [] and report["stats"]["train_logs"] == 8
