@@ -100,3 +100,29 @@ def test_a_lone_log_takes_the_recovered_steps_from_the_events_dir_beside_it(tmp_
     assert diagnosis.result.stats.num_train == 7
     (events / "events-rank0.jsonl").write_text(json.dumps(header, separators=(",", ":")) + "\n")  # the twin
     assert analyze([str(_write(tmp_path, _dicts(LOGGED[:3] + ["4.324"] + LOGGED[4:])))]).verdict == "healthy"
+
+
+def test_the_budget_halt_says_what_recurred_and_what_would_quarantine_it():
+    gate = Gate(RecoverOptions(budget=2))
+    for step in (3, 4):
+        gate.event(Hold(step, NAN, used=step - 2))  # held without a replay (the plain Trainer's way)
+    line = gate.console_line(Hold(5, NAN, give_up=True, used=2))
+    assert "\n" not in line and "recurred at steps 3, 4, 5, on rank(s) 1" in line
+    assert "held without a replay" in line and "the Trainer under DeepSpeed" in line
+    quarantined = {**gate.event(Hold(4, NAN, used=2)), "kind": "sample", "replay": {"faulted_again": [1]},
+                   "samples": [{"rank": 1, "position": 2, "hash": "1d73e8291084cd4e", "index": 13}]}
+    gate.note(quarantined)
+    line = gate.console_line(Hold(5, NAN, give_up=True, used=2))
+    assert "quarantined on the way: hash 1d73e8291084cd4e (index 13)" in line
+    assert guard_lines.read(line.encode()).event == "guard-halt"  # still read back as the halt
+
+
+def test_a_second_rollback_to_the_same_snapshot_counts_only_the_steps_lost_since_the_first():
+    from lossguard.monitor.snapshots import steps_lost
+
+    assert steps_lost(7, 5, {}) == 3  # 5, 6 undone, 7 held
+    recent = {7: {"kind": "rollback", "step": 7}}
+    assert steps_lost(9, 5, recent) == 2  # 8 undone, 9 held: 5-7 were counted at 7
+    assert steps_lost(13, 11, recent) == 3  # a newer snapshot: nothing counted twice
+    assert steps_lost(9, 5, {7: {"kind": "held", "step": 7, "steps_lost": 1}}) == 4  # 7 counted when held
+    assert steps_lost(9, 5, {7: {"kind": "transient", "step": 7, "steps_lost": 0}}) == 5  # 7 was applied
