@@ -67,6 +67,9 @@ def test_past_the_budget_the_trainer_saves_a_checkpoint_and_stops(job, stack):
     report = analyze_json(out / name / "events")
     assert [r["step"] for r in report["recoveries"]] == [3, 4]
     assert report["verdict"] == "broken" and report["signature"] == "nonfinite"
+    halt = next(x for x in (out / "hf_recover_job.py.log").read_text().splitlines()
+                if x.startswith("lossguard: halting at step 5") and "budget" in x)  # said why, in one line
+    assert "it recurred at steps 3, 4, 5, on rank(s) 1" in halt and "held without a replay" in halt
 
 
 @pytest.mark.parametrize("stack", ["z3", "ddp"])

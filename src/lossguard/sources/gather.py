@@ -41,6 +41,7 @@ class Gathering:
     unread: list[str] = field(default_factory=list)  # inputs of the run that could not be read: "path: why"
     guard_off: list[str] = field(default_factory=list)  # the live guard stopped analysing: "at step N: why"
     recoveries: list[dict] = field(default_factory=list)  # steps the live guard recovered (the report's `recoveries`)
+    events_first_step: int | None = None  # the first step in the events dir read beside a lone log
     notes: list[str] = field(default_factory=list)  # which run of a tracker's store was read (the CLI: stderr)
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
@@ -119,12 +120,11 @@ def _recoveries_beside(files: list[Path], gathering: Gathering) -> None:
     live guard recovered; the guard's events dir beside it does. Looked for in the log's folder, the folder
     above it (output_dir/trainer_state.json beside the events dir) and their folders one level down; used
     only when exactly one such dir is found (another run's events must not speak for this one). Only its
-    `recovery` lines are read: the log's own numbers stay the analysis."""
+    `recovery` lines (and its first step) are read: the log's own numbers stay the analysis."""
     dirs: set[Path] = set()
     for path in files:
-        folder = path.resolve().parent
-        near = [folder, folder.parent] + ([folder.parent.parent] if CHECKPOINT.search(folder.name) else [])
-        for base in near:
+        folder = path.resolve().parent  # Lightning's RUN/csv/version_0/metrics.csv, HF's out/checkpoint-8/
+        for base in (folder, folder.parent, folder.parent.parent):
             for candidate in (base, *_subdirs(base)):
                 if any(candidate.glob("events-rank*.jsonl")):
                     dirs.add(candidate)
@@ -136,7 +136,7 @@ def _recoveries_beside(files: list[Path], gathering: Gathering) -> None:
     (events,) = dirs
     from lossguard.sources.lossguard_events import recoveries_in
 
-    found = recoveries_in(sorted(events.glob("events-rank*.jsonl")))
+    found, gathering.events_first_step = recoveries_in(sorted(events.glob("events-rank*.jsonl")))
     if found:
         gathering.recoveries.extend(found)
         gathering.used.append(f"{events} (the live guard's recovery lines)")
@@ -274,10 +274,20 @@ def _without_recovered(records: Iterable[Record], gathering: Gathering | None) -
     which come first). What a log says of such a step is its faulty first attempt, never applied: the
     Trainer's NaN filter even logs a made-up loss there, which would read as a drop and a divergence."""
     recovered = {r.get("step") for r in gathering.recoveries} if gathering is not None else set()
+    shift = None
     for record in records:
+        if shift is None and record.kind == TRAIN and record.step is not None:
+            shift = _shift(record.step, gathering)
+            recovered = {step - shift for step in recovered if step is not None}
         if recovered and record.kind != EVENT and record.step in recovered:
             continue
         yield record
+
+
+def _shift(first_step: int, gathering: Gathering | None) -> int:
+    """1 when the log numbers from 0 where the guard's events (read beside it) number the same steps from 1:
+    Lightning's metrics.csv logs its first optimizer step as step 0; else 0."""
+    return 1 if gathering is not None and first_step == 0 and gathering.events_first_step == 1 else 0
 
 
 def _read_each(inputs: list[Input], gathering: Gathering | None) -> list[list[Record]]:

@@ -8,7 +8,8 @@ only sets `should_stop` going; the guard checkpoints and stops, then exits with 
 the run trains on; `recover_healthy` / `plain`: recover=True without a fault / no guard at all. Each rank
 writes OUT_DIR/SCENARIO/rank{r}.json in a `finally`, with the SystemExit code it saw, if any, and the losses
 `training_step` returned; in `recover`, its model, optimizer and scheduler state as step 4 began and as
-step 5 began (before-rank{r}.pt, after-rank{r}.pt).
+step 5 began (before-rank{r}.pt, after-rank{r}.pt). `recover`, `recover_healthy` and `plain` keep the ranks'
+mean training loss per step in csv/version_0/metrics.csv (Lightning's CSVLogger).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def module(scenario: str):
             loss = self.model(**batch).loss
             if scenario in ("nan", "recover") and tiny.rank() == 1 and self.trainer.global_step + 1 == FAULT_STEP:
                 loss = loss * float("nan")
+            self.log("train_loss", loss, sync_dist=True)  # the ranks' mean, as metrics.csv keeps it (NaN held)
             return loss
 
         def configure_optimizers(self):  # a per-step warm-up: step k trains at LR * k / 8
@@ -77,8 +79,14 @@ def run(out_dir: str, scenario: str) -> None:
             losses.append(float(outputs["loss"]))
 
     callbacks = [Probe()] + ([] if scenario == "plain" else [guard])
+    logger = False  # the recover scenarios keep metrics.csv (csv/version_0/), as a CSVLogger user does
+    if scenario.startswith("recover") or scenario == "plain":
+        from lightning.pytorch.loggers import CSVLogger
+
+        logger = CSVLogger(work, name="csv")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=8, callbacks=callbacks,
-                        gradient_clip_val=CLIP, min_steps=8 if scenario == "nan" else None, logger=False,
+                        gradient_clip_val=CLIP, min_steps=8 if scenario == "nan" else None, logger=logger,
+                        log_every_n_steps=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     exit_code = None
     try:
