@@ -8,6 +8,7 @@ trains and logs exactly as without lossguard; nothing hangs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,18 @@ def test_a_healthy_runs_own_trainer_log_stays_healthy_beside_its_events_dir(job,
     out = job[0]
     report = analyze_json(out / scenario / log)
     assert report["verdict"] == "healthy" and report["recoveries"] == [] and report["stats"]["train_logs"] == 8
+
+
+@pytest.mark.parametrize(("scenario", "flagged"), [("z2-transient", True), ("z2-plain", False), ("z3-healthy", False)])
+@pytest.mark.parametrize("log", ["stdout.log", "out/trainer_state.json"])
+def test_a_recovered_runs_log_alone_with_no_events_reads_the_made_up_loss_as_a_step_not_applied(
+        job, tmp_path, scenario, flagged, log):
+    """With no events dir beside it and no guard line in it, the held step's made-up loss (half: rank 1's NaN
+    counted as 0) says a step was not applied: a warning, not a silent healthy; the twins stay healthy."""
+    out = job[0]
+    alone = tmp_path / Path(log).name
+    alone.write_bytes((out / scenario / log).read_bytes())
+    report = analyze_json(alone)
+    codes = [(f["code"], f["step"]) for f in report["findings"] if f["severity"] != "info"]
+    assert (report["verdict"], codes) == (("warning", [("REC002", NAN_STEP)]) if flagged else ("healthy", []))
+    assert report["recoveries"] == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lossguard.api import analyze
+from lossguard.core.findings import Severity
 from lossguard.monitor.options import RecoverOptions
 from lossguard.monitor.recover import Gate, Hold
 from lossguard.sources.readers import guard_lines
@@ -126,3 +127,13 @@ def test_a_second_rollback_to_the_same_snapshot_counts_only_the_steps_lost_since
     assert steps_lost(13, 11, recent) == 3  # a newer snapshot: nothing counted twice
     assert steps_lost(9, 5, {7: {"kind": "held", "step": 7, "steps_lost": 1}}) == 4  # 7 counted when held
     assert steps_lost(9, 5, {7: {"kind": "transient", "step": 7, "steps_lost": 0}}) == 5  # 7 was applied
+
+
+@pytest.mark.parametrize(("value", "flagged"), [("2.165", True), ("0.0", True), ("3.1", False), ("4.3", False)])
+def test_the_nan_filters_made_up_loss_read_alone_says_a_step_was_not_applied(tmp_path, value, flagged):
+    """Half (two ranks, one NaN) or 0.0 (one rank) between steady losses is what the Trainer's NaN filter
+    logs (the half is a real run's); the twins: a real dip (0.72x) and a steady log stay healthy."""
+    diagnosis = analyze([str(_write(tmp_path, _dicts(LOGGED[:3] + [value] + LOGGED[4:])))])
+    codes = [f.code for f in diagnosis.findings if f.severity >= Severity.WARNING]
+    assert (diagnosis.verdict, codes) == (("warning", ["REC002"]) if flagged else ("healthy", []))
+    assert diagnosis.recoveries == []  # nothing is known of what was done: not invented

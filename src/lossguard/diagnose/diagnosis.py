@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from lossguard.core.engine import EngineResult
 from lossguard.core.findings import Finding, Severity
+from lossguard.diagnose.madeup import made_up_finding
 from lossguard.diagnose.ranking import Cause, rank_causes
 from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES, finding_verdict
 from lossguard.knowledge.conditions import RunEvidence
@@ -89,6 +90,9 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplet
         diagnosis.findings.append(recovered_finding(diagnosis.recoveries))
         if diagnosis.verdict == "healthy":  # a recovered run never reads as if nothing happened
             diagnosis.verdict = "warning"
+    elif diagnosis.verdict == "healthy" and (made_up := made_up_finding(_line(result, "loss"), stats.steps_are_ordinal)):
+        diagnosis.findings.append(made_up)  # a recovered run's log read alone: the NaN filter's value at the step
+        diagnosis.verdict = "warning"
     return diagnosis
 
 

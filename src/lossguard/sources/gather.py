@@ -117,17 +117,21 @@ def discover_inputs(paths: list[str], gathering: Gathering | None = None) -> lis
 
 def _recoveries_beside(files: list[Path], gathering: Gathering) -> None:
     """A run's own log read alone (its stdout, trainer_state.json, metrics.csv) does not say which steps the
-    live guard recovered; the guard's events dir beside it does. Looked for in the log's folder, the folder
-    above it (output_dir/trainer_state.json beside the events dir) and their folders one level down; used
-    only when exactly one such dir is found (another run's events must not speak for this one). Only its
+    live guard recovered; the guard's events dir beside it does. Looked for in the log's folder and its
+    folders, else the folder above and its folders, else the one above that (Lightning's
+    RUN/csv/version_0/metrics.csv beside RUN/events); used only when exactly one such dir is found at the
+    nearest level that has any (another run's events must not speak for this one). Only its
     `recovery` lines (and its first step) are read: the log's own numbers stay the analysis."""
     dirs: set[Path] = set()
-    for path in files:
-        folder = path.resolve().parent  # Lightning's RUN/csv/version_0/metrics.csv, HF's out/checkpoint-8/
-        for base in (folder, folder.parent, folder.parent.parent):
-            for candidate in (base, *_subdirs(base)):
-                if any(candidate.glob("events-rank*.jsonl")):
-                    dirs.add(candidate)
+    for level in range(3):  # the nearest level that has any wins (a neighbouring run's dir is further off)
+        for path in files:
+            parents = path.resolve().parents
+            if level >= len(parents):
+                continue
+            base = parents[level]
+            dirs.update(d for d in (base, *_subdirs(base)) if any(d.glob("events-rank*.jsonl")))
+        if dirs:
+            break
     if len(dirs) != 1:
         if dirs:
             gathering.notes.append("several lossguard events dirs beside the log (" + ", ".join(map(str, sorted(dirs)))
