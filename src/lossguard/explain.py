@@ -121,6 +121,17 @@ A run that would otherwise be healthy gets the verdict `warning`. Fix: look at t
 ranks; a fault that keeps coming back needs its cause fixed, not more recoveries."""
 
 
+MADE_UP = """\
+REC002 made-up-loss (warning): a logged training loss is exactly 0.0, or half, of the steady loss on both
+sides of it, and the run trained on at its level. That is the value the Trainer's NaN filter
+(`logging_nan_inf_filter`, on by default) logs, at `logging_steps=1`, for a step whose loss was NaN/Inf on
+some rank: that rank counts 0, so one rank of one gives 0.0, one of two gives half. Had the step been
+applied, the later losses would be NaN too: it was not (lossguard's `recover=True` held it, or an
+overflow check skipped it). Said only when nothing else is (a healthy verdict becomes a warning) and no
+record of recoveries was read. Fix: analyze the log with the guard's events dir (`events-rank*.jsonl`)
+beside it, or the job's stderr with its `lossguard: recovered at step N` lines, for what was done."""
+
+
 def topics() -> list[tuple[str, str]]:
     rows = [(sig, meaning) for sig, (_, meaning) in SIGNATURES.items()]
     for factory in registered():
@@ -131,6 +142,7 @@ def topics() -> list[tuple[str, str]]:
     rows += [(issue.id, issue.title) for issue in ISSUES.values()]
     rows.append(("SRC001", "analysis-incomplete: part of the input was not analysed"))
     rows.append(("REC001", "recovered: the live guard recovered steps in place"))
+    rows.append(("REC002", "made-up-loss: a logged loss the Trainer's NaN filter made up, the run trained on"))
     rows.append(("formats", "log formats analyze reads"))
     return rows
 
@@ -145,6 +157,8 @@ def explain(topic: str) -> str | None:
         return INCOMPLETE
     if key.upper() == "REC001" or key == "recovered":
         return RECOVERED
+    if key.upper() == "REC002" or key == "made-up-loss":
+        return MADE_UP
     if issue := get_issue(key):
         return known_issue(issue)
     for factory in registered():

@@ -8,6 +8,7 @@ trains and logs exactly as without lossguard; nothing hangs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.integration.test_live_ds_recover import _same  # noqa: E402
 pytestmark = pytest.mark.integration
 
 NAN_STEP = 4
+MARK = "==== hf_recover_job scenario"
 HELD = ["z1-nan_once", "z2-nan_once", "z3-nan_once", "ddp-nan_once"]
 SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain", "ddp-healthy", "ddp-plain",
              "z2-transient", "z2-plain", "z3-transient", "z1-transient", "z1-plain", "z2-poison", "z3-rollback",
@@ -30,7 +32,10 @@ SCENARIOS = [*HELD, "z2-over_budget", "ddp-over_budget", "z3-healthy", "z3-plain
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_recover")
-    run_job("hf_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
+    _, log = run_job("hf_recover_job.py", out, SCENARIOS, timeout_s=900)  # a hang fails here, at the timeout
+    for name in SCENARIOS:  # the Trainer's own stdout of each scenario, beside its events dir, as a user keeps it
+        stdout = log.split(f"{MARK} begin {name}\n", 1)[1].split(f"{MARK} end {name}", 1)[0]
+        (out / name / "stdout.log").write_text(stdout)
     ranks = rank_outputs(out, SCENARIOS)
     summaries = {name: json.loads((out / name / "summary.json").read_text()) for name in SCENARIOS}
     return out, ranks, summaries
@@ -63,6 +68,9 @@ def test_past_the_budget_the_trainer_saves_a_checkpoint_and_stops(job, stack):
     report = analyze_json(out / name / "events")
     assert [r["step"] for r in report["recoveries"]] == [3, 4]
     assert report["verdict"] == "broken" and report["signature"] == "nonfinite"
+    halt = next(x for x in (out / "hf_recover_job.py.log").read_text().splitlines()
+                if x.startswith("lossguard: halting at step 5") and "budget" in x)  # said why, in one line
+    assert "it recurred at steps 3, 4, 5, on rank(s) 1" in halt and "held without a replay" in halt
 
 
 @pytest.mark.parametrize("stack", ["z3", "ddp"])
@@ -128,3 +136,43 @@ def test_every_rank_made_the_same_collectives(job, scenario):
     ranks = job[1]
     first, second = (ranks[scenario][r]["collectives"] for r in (0, 1))
     assert first == second and sum(first.values()) > 0
+
+
+@pytest.mark.parametrize("scenario", ["z2-transient", "ddp-nan_once"])
+@pytest.mark.parametrize("log", ["stdout.log", "out/trainer_state.json"])
+def test_a_recovered_runs_own_trainer_log_alone_knows_the_held_step_from_the_events_dir_beside_it(job, scenario, log):
+    """The Trainer logs the held step's first attempt (its NaN filter counts rank 1's NaN as 0: half the
+    loss; without DeepSpeed a NaN grad norm too). Read alone, the log takes the held steps from the events
+    dir beside it: the step is left out, the run reads as recovered (warning), never broken or healthy."""
+    out, _, summaries = job
+    logged = summaries[scenario]["logged"]
+    assert logged[NAN_STEP - 1] < 0.6 * logged[NAN_STEP - 2]  # the made-up value, as the Trainer logged it
+    report = analyze_json(out / scenario / log)
+    assert report["verdict"] == "warning" and report["signature"] is None
+    assert [(r["step"], r["ranks"]) for r in report["recoveries"]] == [(NAN_STEP, [1])]
+    assert report["stats"]["train_logs"] == 7  # eight steps, the held one not read as training
+    assert [f["code"] for f in report["findings"] if f["severity"] != "info"] == ["REC001"]
+
+
+@pytest.mark.parametrize("scenario", ["z3-healthy", "z3-plain", "ddp-healthy"])
+@pytest.mark.parametrize("log", ["stdout.log", "out/trainer_state.json"])
+def test_a_healthy_runs_own_trainer_log_stays_healthy_beside_its_events_dir(job, scenario, log):
+    """The twin: the same reading of a healthy run's log (with the guard's events dir beside it, or none)."""
+    out = job[0]
+    report = analyze_json(out / scenario / log)
+    assert report["verdict"] == "healthy" and report["recoveries"] == [] and report["stats"]["train_logs"] == 8
+
+
+@pytest.mark.parametrize(("scenario", "flagged"), [("z2-transient", True), ("z2-plain", False), ("z3-healthy", False)])
+@pytest.mark.parametrize("log", ["stdout.log", "out/trainer_state.json"])
+def test_a_recovered_runs_log_alone_with_no_events_reads_the_made_up_loss_as_a_step_not_applied(
+        job, tmp_path, scenario, flagged, log):
+    """With no events dir beside it and no guard line in it, the held step's made-up loss (half: rank 1's NaN
+    counted as 0) says a step was not applied: a warning, not a silent healthy; the twins stay healthy."""
+    out = job[0]
+    alone = tmp_path / Path(log).name
+    alone.write_bytes((out / scenario / log).read_bytes())
+    report = analyze_json(alone)
+    codes = [(f["code"], f["step"]) for f in report["findings"] if f["severity"] != "info"]
+    assert (report["verdict"], codes) == (("warning", [("REC002", NAN_STEP)]) if flagged else ("healthy", []))
+    assert report["recoveries"] == []

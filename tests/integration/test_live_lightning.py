@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lossguard.probe.launch import free_port
-from tests.integration.live_helpers import JOBS, SRC, above_info
+from tests.integration.live_helpers import JOBS, SRC, above_info, analyze_json
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("lightning")
@@ -148,3 +148,19 @@ def test_fp16_start_up_overflows_are_the_scalers_business(recover_runs):
             assert all(torch.equal(mine[key], theirs[key]) for key in theirs), name
         lines = (out / name / "events" / "events-rank0.jsonl").read_text().splitlines()
         assert not [x for x in map(json.loads, lines) if x["type"] in ("recovery", "halt")], name
+
+
+def test_a_recovered_runs_metrics_csv_alone_knows_the_held_step_from_the_events_dir_beside_it(recover_runs):
+    """Lightning logs the held step's loss as the ranks' mean: NaN (metrics.csv numbers it 3, the guard 4).
+    Read alone, metrics.csv takes the held step from the run's events dir: a warning with the recovery,
+    not a NaN death; the twins (recover=True without a fault, no guard) read healthy."""
+    out, _ = recover_runs
+    rows = (out / "recover" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    assert rows[4].endswith(",3,nan")  # the made-up value of the held step, as Lightning wrote it
+    report = analyze_json(out / "recover" / "csv" / "version_0" / "metrics.csv")
+    assert report["verdict"] == "warning" and report["signature"] is None
+    assert [(r["step"], r["kind"]) for r in report["recoveries"]] == [(4, "held")]
+    assert report["stats"]["train_logs"] == 7
+    for twin in ("recover_healthy", "plain"):
+        report = analyze_json(out / twin / "csv" / "version_0" / "metrics.csv")
+        assert report["verdict"] == "healthy" and report["recoveries"] == [] and report["stats"]["train_logs"] == 8

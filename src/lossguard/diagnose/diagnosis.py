@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from lossguard.core.engine import EngineResult
 from lossguard.core.findings import Finding, Severity
+from lossguard.diagnose.madeup import made_up_finding
 from lossguard.diagnose.ranking import Cause, rank_causes
 from lossguard.diagnose.signatures import PRECEDENCE, RELATED, SIGNATURES, finding_verdict
 from lossguard.knowledge.conditions import RunEvidence
@@ -66,9 +67,10 @@ SUSPICIOUS_CAUSES = {"label-leakage"}
 
 
 def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplete: list[str] | None = None,
-             gathering: Gathering | None = None) -> Diagnosis:
+             gathering: Gathering | None = None, recoveries: list[dict[str, Any]] | None = None) -> Diagnosis:
     """The verdict, decided once here. `incomplete` holds why part of the input was not analysed: then a
-    warning-level finding says so and a healthy verdict becomes a warning (never a silent healthy)."""
+    warning-level finding says so and a healthy verdict becomes a warning (never a silent healthy).
+    `recoveries`: the steps the live guard recovered, when no gathering carries them (`watch`)."""
     diagnosis = _judge(result, inputs or [])
     diagnosis.gathering = gathering
     stats = result.stats
@@ -82,11 +84,15 @@ def diagnose(result: EngineResult, inputs: list[str] | None = None, *, incomplet
             data={"reasons": list(diagnosis.incomplete)}))
         if diagnosis.verdict == "healthy":
             diagnosis.verdict = "warning"
-    diagnosis.recoveries = sorted(gathering.recoveries if gathering is not None else [], key=lambda r: r["step"])
+    known = gathering.recoveries if gathering is not None else recoveries or []
+    diagnosis.recoveries = sorted(known, key=lambda r: r["step"])
     if diagnosis.recoveries:
         diagnosis.findings.append(recovered_finding(diagnosis.recoveries))
         if diagnosis.verdict == "healthy":  # a recovered run never reads as if nothing happened
             diagnosis.verdict = "warning"
+    elif diagnosis.verdict == "healthy" and (made_up := made_up_finding(_line(result, "loss"), stats.steps_are_ordinal)):
+        diagnosis.findings.append(made_up)  # a recovered run's log read alone: the NaN filter's value at the step
+        diagnosis.verdict = "warning"
     return diagnosis
 
 

@@ -106,6 +106,13 @@ class Gate:
     # with snapshots on: a step whose replicas' fingerprints differ is held, and rolled back (holding alone
     # cannot bring drifted replicas together)
     watch_drift: bool = False
+    # what each recovery within the window did (step -> its `recovery` line): the budget's halt says what recurred
+    recent: dict = field(default_factory=dict)
+
+    def note(self, event: dict[str, Any]) -> None:
+        """Remember a recovery as it was written (held, replayed, quarantined, rolled back), for the halt."""
+        self.recent = {step: e for step, e in self.recent.items() if event["step"] - step < self.options.window}
+        self.recent[event["step"]] = event
 
     def suspects(self, step: int, ranks: list[int]) -> dict[int, int]:
         """Note a `transient` fault on `ranks`; {rank: transient faults within the window} for the ranks with
@@ -141,21 +148,44 @@ class Gate:
         return Hold(step, faults, used=len(self.held_steps))
 
     def event(self, hold: Hold) -> dict[str, Any]:
-        """The `recovery` line every rank writes to its events file."""
-        return {"type": "recovery", "step": hold.step, "ranks": hold.ranks, "kind": "held", "samples": [],
+        """The `recovery` line every rank writes to its events file (noted for the halt; a replay or a rollback
+        notes its own line over it)."""
+        line = {"type": "recovery", "step": hold.step, "ranks": hold.ranks, "kind": "held", "samples": [],
                 "steps_lost": 1, "signature": hold.signature, "code": hold.code, "action": ACTION,
                 "faults": hold.faults,
                 "budget": {"used": hold.used, "budget": self.options.budget, "window": self.options.window}}
+        self.note(line)
+        return line
 
     def console_line(self, hold: Hold) -> str:
         what = describe(hold.faults)
         if hold.give_up:
             return (f"lossguard: halting at step {hold.step} on every rank: {what} ({hold.code}, {hold.signature}); "
                     f"the recovery budget is spent ({hold.used} steps held within {self.options.window}, "
-                    f"budget {self.options.budget})")
+                    f"budget {self.options.budget}); {why_halt(hold, self.recent)}")
         return (f"lossguard: recovered at step {hold.step}: {what} ({hold.code}, {hold.signature}); the step "
                 f"was held on every rank (no optimizer step, gradients dropped); {hold.used} of "
                 f"{self.options.budget} recoveries within {self.options.window} steps used")
+
+
+def why_halt(hold: Hold, recent: dict[int, dict[str, Any]]) -> str:
+    """Why the budget ran out, in words: where the fault recurred, the data it named, what would quarantine it."""
+    events = [recent[step] for step in sorted(recent)]
+    ranks = sorted({r for e in events for r in e.get("ranks", [])} | set(hold.ranks))
+    steps = ", ".join(str(e["step"]) for e in events) + (", " if events else "") + str(hold.step)
+    said = f"it recurred at steps {steps}, on rank(s) {', '.join(map(str, ranks)) or '?'}"
+    named = [s for e in events for s in e.get("samples", [])]
+    if named:
+        who = ", ".join(f"hash {s.get('hash')}" + (f" (index {s['index']})" if s.get("index") is not None else "")
+                        for s in named[:4])
+        return (f"{said}; quarantined on the way: {who}; it came back without them, so other data or the "
+                "state is at fault (inspect the batches of those steps, or roll back: snapshot_every)")
+    if any(e.get("replay") for e in events):
+        return (f"{said}; each replay faulted again and no sample's own loss did: the state, not the data "
+                "(snapshots would roll it back: RecoverOptions(snapshot_every=...))")
+    return (f"{said}; no sample was named, the steps were held without a replay: quarantining the data needs "
+            "a replay (Guard.commit(forward=...) over guard.batches(loader), attach(engine), or the Trainer "
+            "under DeepSpeed; the Trainer without DeepSpeed and Lightning hold only)")
 
 
 def describe(faults: list[dict[str, Any]]) -> str:

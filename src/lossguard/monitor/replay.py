@@ -258,6 +258,7 @@ class Replayer:
             event["suspects"] = sorted(suspects)
         if replay:
             event["replay"] = replay
+        self.monitor.gate.note(event)
         if self.monitor.jsonl is not None:
             self.monitor.jsonl.write(event)
         if self.monitor.rank == 0 and self.monitor.options.console:

@@ -296,7 +296,7 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
         return "halt"
     snap = find(ring, verdict.target)
     Ring.restore(snap, model, optimizer, scheduler)
-    lost = hold.step - snap.step + 1  # the applied steps undone, and the held one
+    lost = steps_lost(hold.step, snap.step, monitor.gate.recent)  # the applied steps undone, and the held one
     cause = ("non-finite weights", "nonfinite", "LOSS001", ACTION, verdict.bad_ranks) if verdict.bad_ranks else \
         (DRIFT, "rank-desync", "RANK001", DRIFT_ACTION, hold.ranks) if drift else \
         ("a loss jump that came back on replay", "loss-spike", "LOSS006", JUMP_ACTION, hold.ranks)
@@ -304,6 +304,7 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
              "signature": cause[1], "code": cause[2], "action": cause[3],
              "snapshot": {"step": snap.step, "batches": snap.batches, "bytes": snap.size},
              "batches_skipped": handed - snap.batches}
+    monitor.gate.note(event)
     _write(monitor, event,
            f"lossguard: recovered at step {hold.step}: {cause[0]} on rank(s) "
            f"{', '.join(map(str, cause[4]))} ({cause[2]}, {cause[1]}); every rank rolled back to the "
@@ -311,6 +312,17 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
            f"{hold.used} of {monitor.gate.options.budget} recoveries within {monitor.gate.options.window} "
            f"steps used")
     return "rolled"
+
+
+def steps_lost(step: int, snapshot_step: int, recent: dict[int, dict[str, Any]]) -> int:
+    """The steps a rollback at `step` to the snapshot of `snapshot_step` loses: those since the snapshot and
+    the held one, less those already counted: by an earlier rollback to that snapshot (or one before it),
+    or as a held step of their own."""
+    before = max((s for s, e in recent.items() if e.get("kind") == "rollback" and s < step), default=None)
+    first = snapshot_step if before is None else max(snapshot_step, before + 1)
+    held = sum(1 for s, e in recent.items() if first <= s < step and e.get("kind") != "rollback"
+               and (e.get("steps_lost") or 0) >= 1)
+    return step - first + 1 - held
 
 
 def _write(monitor: Any, line: dict[str, Any], text: str) -> None:

@@ -41,6 +41,7 @@ class Gathering:
     unread: list[str] = field(default_factory=list)  # inputs of the run that could not be read: "path: why"
     guard_off: list[str] = field(default_factory=list)  # the live guard stopped analysing: "at step N: why"
     recoveries: list[dict] = field(default_factory=list)  # steps the live guard recovered (the report's `recoveries`)
+    events_first_step: int | None = None  # the first step in the events dir read beside a lone log
     notes: list[str] = field(default_factory=list)  # which run of a tracker's store was read (the CLI: stderr)
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
@@ -108,7 +109,48 @@ def discover_inputs(paths: list[str], gathering: Gathering | None = None) -> lis
         source = trackers.bind(path, source, run, gathering, label)
         found.append(Input(path, source, label))
         gathering.used.append(f"{label} ({source.name})")
+    if found and not any(isinstance(i.source, LossguardEventsSource) for i in found) and \
+            not any(p != "-" and Path(p).is_dir() for p in paths):
+        _recoveries_beside([Path(p) for p in paths if p != "-" and _is_regular(Path(p))], gathering)
     return found
+
+
+def _recoveries_beside(files: list[Path], gathering: Gathering) -> None:
+    """A run's own log read alone (its stdout, trainer_state.json, metrics.csv) does not say which steps the
+    live guard recovered; the guard's events dir beside it does. Looked for in the log's folder and its
+    folders, else the folder above and its folders, else the one above that (Lightning's
+    RUN/csv/version_0/metrics.csv beside RUN/events); used only when exactly one such dir is found at the
+    nearest level that has any (another run's events must not speak for this one). Only its
+    `recovery` lines (and its first step) are read: the log's own numbers stay the analysis."""
+    dirs: set[Path] = set()
+    for level in range(3):  # the nearest level that has any wins (a neighbouring run's dir is further off)
+        for path in files:
+            parents = path.resolve().parents
+            if level >= len(parents):
+                continue
+            base = parents[level]
+            dirs.update(d for d in (base, *_subdirs(base)) if any(d.glob("events-rank*.jsonl")))
+        if dirs:
+            break
+    if len(dirs) != 1:
+        if dirs:
+            gathering.notes.append("several lossguard events dirs beside the log (" + ", ".join(map(str, sorted(dirs)))
+                                   + "): none was read for its recoveries; pass the run's own with the log")
+        return
+    (events,) = dirs
+    from lossguard.sources.lossguard_events import recoveries_in
+
+    found, gathering.events_first_step = recoveries_in(sorted(events.glob("events-rank*.jsonl")))
+    if found:
+        gathering.recoveries.extend(found)
+        gathering.used.append(f"{events} (the live guard's recovery lines)")
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except OSError:
+        return []
 
 
 def _is_regular(path: Path) -> bool:
@@ -193,8 +235,8 @@ def _best_state(root: Path, states: list[Path]) -> Path:
 
 def _parse(item: Input, gathering: Gathering | None) -> Iterator[Record]:
     counts = gathering.counts if gathering is not None else None
-    if isinstance(item.source, TextLogSource):
-        return parse_file(item.path, counts)
+    if isinstance(item.source, TextLogSource):  # the guard's recovered lines in it go to the report's list
+        return parse_file(item.path, counts, gathering.recoveries if gathering is not None else None)
     if isinstance(item.source, JsonLinesSource):
         return item.source.parse(item.path, counts)
     if isinstance(item.source, LossguardEventsSource):
@@ -209,6 +251,8 @@ def _noting_guard_off(records: Iterator[Record], gathering: Gathering | None) ->
 
 
 def merged_records(inputs: list[Input], gathering: Gathering | None = None) -> Iterator[Record]:
+    if len(inputs) == 1 and gathering is not None and gathering.recoveries:  # read from the events dir beside
+        return _without_recovered(_parse(inputs[0], gathering), gathering)
     if len(inputs) == 1:  # the common case, streamed (a log of millions of lines stays flat in memory) and
         return _parse(inputs[0], gathering)  # handed on as it is: a generator in between costs per record
     return _merged_many(inputs, gathering)
@@ -234,10 +278,20 @@ def _without_recovered(records: Iterable[Record], gathering: Gathering | None) -
     which come first). What a log says of such a step is its faulty first attempt, never applied: the
     Trainer's NaN filter even logs a made-up loss there, which would read as a drop and a divergence."""
     recovered = {r.get("step") for r in gathering.recoveries} if gathering is not None else set()
+    shift = None
     for record in records:
+        if shift is None and record.kind == TRAIN and record.step is not None:
+            shift = _shift(record.step, gathering)
+            recovered = {step - shift for step in recovered if step is not None}
         if recovered and record.kind != EVENT and record.step in recovered:
             continue
         yield record
+
+
+def _shift(first_step: int, gathering: Gathering | None) -> int:
+    """1 when the log numbers from 0 where the guard's events (read beside it) number the same steps from 1:
+    Lightning's metrics.csv logs its first optimizer step as step 0; else 0."""
+    return 1 if gathering is not None and first_step == 0 and gathering.events_first_step == 1 else 0
 
 
 def _read_each(inputs: list[Input], gathering: Gathering | None) -> list[list[Record]]:

@@ -92,3 +92,37 @@ def merged(paths: list[Path]) -> Iterator[Record]:
 
     source = LossguardEventsSource()
     yield from heapq.merge(*(source.parse(p) for p in sorted(paths)), key=key)
+
+
+def recoveries_in(paths: list[Path]) -> tuple[list[dict], int | None]:
+    """The `recovery` lines of a run's events files, once per step (every rank writes each), in step order,
+    and the first step the files hold a training record or a recovery of; only those lines are decoded (the
+    others are skipped by a substring test)."""
+    found: dict[int, dict] = {}
+    first: int | None = None
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                for line in handle:
+                    if first is None and b'"kind":"train"' in line:
+                        first = _int(_decoded(line).get("step"))
+                    if b'"type":"recovery"' not in line:
+                        continue
+                    try:
+                        obj = JSON.decode(line.decode("utf-8", "replace"))
+                    except JSON_ERRORS:
+                        continue
+                    if isinstance(obj, dict) and _int(obj.get("step")) is not None:
+                        found.setdefault(obj["step"], recovery(obj))
+        except OSError:
+            continue
+    steps = [s for s in (first, min(found, default=None)) if s is not None]
+    return [found[step] for step in sorted(found)], min(steps, default=None)
+
+
+def _decoded(line: bytes) -> dict:
+    try:
+        obj = JSON.decode(line.decode("utf-8", "replace"))
+    except JSON_ERRORS:
+        return {}
+    return obj if isinstance(obj, dict) else {}

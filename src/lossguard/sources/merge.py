@@ -23,6 +23,7 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
     parse, read_step_line = parser.parse_line, deepspeed_step.read
     pending: Record | None = None  # the last step's record, still open to the lines of its step
     pending_guessed = False  # its step was estimated
+    recovered = parser.recovered  # filled as the guard's recovered lines are read
     for line_no, line in lines:
         # DeepSpeed's `step=` line right after a log dict whose step was estimated (half the lines of a big HF +
         # DeepSpeed log): the dispatch would hand it to this same reader and placer, and its record to `_merge`.
@@ -45,13 +46,14 @@ def merged(parser: TextLogParser, lines: Iterable[tuple[int, bytes]]) -> Iterato
                 if _merge(pending, pending_guessed, record, guessed):
                     pending_guessed = pending_guessed and guessed
                     continue
-                yield pending
+                if not recovered or parser.kept(pending):  # the guard's recovered step: its attempt left out
+                    yield pending
             if record.kind == EVENT:
                 yield record
                 pending, pending_guessed = None, False
                 continue
             pending, pending_guessed = record, guessed
-    if pending is not None:
+    if pending is not None and parser.kept(pending):
         yield pending
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from lossguard.core.records import Record
+from lossguard.core.records import TRAIN, Record
 from lossguard.sources.merge import merged
 from lossguard.sources.placer import StepPlacer
 from lossguard.sources.readers import (
@@ -61,9 +61,14 @@ _read_dict, _DICT_COPY = log_dict.read, log_dict.COPY  # module globals: one loo
 class TextLogParser:
     """One log's lines -> records: the readers, then the log's `StepPlacer`."""
 
-    def __init__(self, source: str = "") -> None:
+    def __init__(self, source: str = "", recoveries: list[dict] | None = None) -> None:
         self.source = source
         self.placer = StepPlacer(source)
+        # The steps the live guard said it recovered (`lossguard: recovered at step N: ...`): the log's training
+        # record of such a step is its faulty first attempt, never applied; `merge.merged` and `watch` leave it
+        # out. Each recovery is added to `recoveries` (the report's), once per step.
+        self.recovered: set[int] = set()
+        self.recoveries = recoveries if recoveries is not None else []
 
     @property
     def last_step(self) -> int | None:
@@ -81,6 +86,8 @@ class TextLogParser:
         if b"skipped=" in line and (fields := deepspeed_step.read(line)) is not None:
             return [placer.ds_step(fields, line_no)]  # DeepSpeed's progress line, as common as the dicts
         if b"lossguard: " in line and (fields := guard_lines.read(line)) is not None:
+            if fields.event == "recovery":
+                return self._recovered(fields.data)
             return [placer.event(fields, line_no)]  # the live guard's own report of this run
         if (fields := events.read(line)) is not None:
             # A tqdm bar left open by `\r` and a logger's event printed after it share a line: the bar's
@@ -101,22 +108,35 @@ class TextLogParser:
             return [rest]
         return placer.segments(generic.read(line), line_no)
 
+    def _recovered(self, recovery: dict) -> list[Record]:
+        """A step the guard recovered: noted, no record (the report lists it, no detector reads it)."""
+        step = recovery["step"]
+        self.recovered.add(step)
+        if all(known.get("step") != step for known in self.recoveries):
+            self.recoveries.append(recovery)
+        return []
+
+    def kept(self, record: Record) -> bool:
+        """False for the training record of a step the guard recovered."""
+        return not (record.kind == TRAIN and record.step in self.recovered)
+
 
 def parse_stream(stream: BinaryIO, source: str, counts: ScanCounts | None = None) -> Iterator[Record]:
     """A stream read once, in Python (pipes and in-memory streams; files go through `parse_file`)."""
     yield from merged(TextLogParser(source), iter_lines(stream, counts))
 
 
-def parse_file(path: Path, counts: ScanCounts | None = None) -> Iterator[Record]:
+def parse_file(path: Path, counts: ScanCounts | None = None, recoveries: list[dict] | None = None) -> Iterator[Record]:
+    """`recoveries`: where the steps the live guard says it recovered go (the report's `recoveries`)."""
     lines = iter_grep_lines(path, counts)
     if lines is None:
-        return _parse_opened(path, counts)
-    return merged(TextLogParser(path.name), lines)  # no generator in between: it would cost per record
+        return _parse_opened(path, counts, recoveries)
+    return merged(TextLogParser(path.name, recoveries), lines)  # no generator in between: it would cost per record
 
 
-def _parse_opened(path: Path, counts: ScanCounts | None) -> Iterator[Record]:
+def _parse_opened(path: Path, counts: ScanCounts | None, recoveries: list[dict] | None) -> Iterator[Record]:
     with open(path, "rb") as stream:
-        yield from parse_stream(stream, path.name, counts)
+        yield from merged(TextLogParser(path.name, recoveries), iter_lines(stream, counts))
 
 
 def parse_lines(lines: Iterable[bytes], source: str = "") -> Iterator[Record]:

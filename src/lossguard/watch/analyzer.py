@@ -63,6 +63,8 @@ class LiveAnalyzer:
                 line = line[-self.cap_bytes:]
                 self.cut_lines += 1
             for record in self.parser.parse_line(line, base + line_no):
+                if self.parser.recovered and not self.parser.kept(record):
+                    continue  # the attempt of a step the guard recovered (its line came first): never applied
                 records.append(record)
                 where[id(record)] = (base + line_no, self.parser.last_step)
 
@@ -79,10 +81,11 @@ class LiveAnalyzer:
         return alerts
 
     def finish(self, inputs: list[str], incomplete: list[str] | None = None) -> Diagnosis:
-        return diagnose(self.engine.finish(), inputs=inputs, incomplete=incomplete)
+        return diagnose(self.engine.finish(), inputs=inputs, incomplete=incomplete,
+                        recoveries=self.parser.recoveries)
 
     def snapshot(self) -> Diagnosis:
-        return diagnose(self.engine.snapshot(), inputs=[self.source])
+        return diagnose(self.engine.snapshot(), inputs=[self.source], recoveries=self.parser.recoveries)
 
     def _assess(self, line_no: int, step: int | None) -> Alert | None:
         diagnosis = self.snapshot()

@@ -17,7 +17,8 @@ Scenario names: STACK-CASE, STACK one of ddp (no DeepSpeed), z1, z2, z3 (DeepSpe
   plain        the same healthy run without lossguard.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (the losses its model computed, the Trainer's final step) and,
 in nan_once, its own shard of the state as the held step began and as the next one began (before-rank{r}.pt,
-after-rank{r}.pt); rank 0 also writes summary.json (the Trainer's logged losses, its findings).
+after-rank{r}.pt); rank 0 also writes summary.json (the Trainer's logged losses, its findings), the Trainer's
+state (out/trainer_state.json, as a checkpoint holds it) and prints MARK lines around the Trainer's stdout.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import tiny  # noqa: E402
 from ds_recover_job import POISON, master_partition, model_for, shard_state  # noqa: E402
 
 NAN_STEP, POISON_INDEX = 4, 13
+MARK = "==== hf_recover_job scenario"
 NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}}
 
 
@@ -131,7 +133,13 @@ def run(out_dir: str, name: str) -> None:
         disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=1.0)
     trainer = Trainer(model=model, args=args, train_dataset=Data(case), callbacks=callbacks)
     trainer_box["trainer"] = trainer
+    if rank == 0:  # the Trainer's own stdout of this scenario lies between the markers (stdout.log)
+        print(f"{MARK} begin {name}", flush=True)
     trainer.train()
+    if rank == 0:
+        print(f"{MARK} end {name}", flush=True)
+        os.makedirs(os.path.join(work, "out"), exist_ok=True)
+        trainer.state.save_to_json(os.path.join(work, "out", "trainer_state.json"))  # as a save writes it
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
         json.dump({"losses": [losses[s] for s in sorted(losses)], "global_step": trainer.state.global_step,
                    "halted_at": guard.monitor.halted_at if guard else None, "seen_poison": now["seen"],

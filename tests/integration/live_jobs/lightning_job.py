@@ -8,11 +8,13 @@ only sets `should_stop` going; the guard checkpoints and stops, then exits with 
 the run trains on; `recover_healthy` / `plain`: recover=True without a fault / no guard at all. Each rank
 writes OUT_DIR/SCENARIO/rank{r}.json in a `finally`, with the SystemExit code it saw, if any, and the losses
 `training_step` returned; in `recover`, its model, optimizer and scheduler state as step 4 began and as
-step 5 began (before-rank{r}.pt, after-rank{r}.pt). `fp16_plain` / `fp16_guard` / `fp16_recover`: the healthy
-run under fp16 autocast (`MixedPrecision("16-mixed", "cpu")`) with a GradScaler that starts at 2^24, so its
-first steps overflow and it skips them, halving its scale (a GPU run's start-up at 2^16, with larger
-gradients): without lossguard, guarded (halt_on="warning"), and with recover=True; each rank also writes
-its final weights (weights-rank{r}.pt) and the scales the scaler went through.
+step 5 began (before-rank{r}.pt, after-rank{r}.pt). `recover`, `recover_healthy` and `plain` keep the ranks'
+mean training loss per step in csv/version_0/metrics.csv (Lightning's CSVLogger). `fp16_plain` /
+`fp16_guard` / `fp16_recover`: the healthy run under fp16 autocast (`MixedPrecision("16-mixed", "cpu")`) with
+a GradScaler that starts at 2^24, so its first steps overflow and it skips them, halving its scale (a GPU
+run's start-up at 2^16, with larger gradients): without lossguard, guarded (halt_on="warning"), and with
+recover=True; each rank also writes its final weights (weights-rank{r}.pt) and the scales the scaler went
+through.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def module(scenario: str):
             loss = self.model(**batch).loss
             if scenario in ("nan", "recover") and tiny.rank() == 1 and self.trainer.global_step + 1 == FAULT_STEP:
                 loss = loss * float("nan")
+            self.log("train_loss", loss, sync_dist=True)  # the ranks' mean, as metrics.csv keeps it (NaN held)
             return loss
 
         def configure_optimizers(self):  # a per-step warm-up: step k trains at LR * k / 8
@@ -90,10 +93,15 @@ def run(out_dir: str, scenario: str) -> None:
         from lightning.pytorch.plugins import MixedPrecision
 
         plugins = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 24))]
+    logger = False  # the recover scenarios keep metrics.csv (csv/version_0/), as a CSVLogger user does
+    if scenario.startswith("recover") or scenario == "plain":
+        from lightning.pytorch.loggers import CSVLogger
+
+        logger = CSVLogger(work, name="csv")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=8, callbacks=callbacks,
-                        gradient_clip_val=CLIP, min_steps=8 if scenario == "nan" else None, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        plugins=plugins)
+                        gradient_clip_val=CLIP, min_steps=8 if scenario == "nan" else None, logger=logger,
+                        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, plugins=plugins)
     exit_code = None
     lm = module(scenario)
     try:

@@ -1,10 +1,11 @@
 """A real two-rank fine-tuning job for the `watch` tests: a tiny GPT-2 trained for real on CPU.
 
-    torchrun --nproc_per_node 2 tiny_train.py trainer [--masked] [--steps N] [--logging-steps N]
+    torchrun --nproc_per_node 2 tiny_train.py trainer [--masked] [--nan-once] [--steps N] [--logging-steps N]
     torchrun --nproc_per_node 2 tiny_train.py raw --inf-step K [--steps N]
 
 `trainer`: `transformers.Trainer` + DeepSpeed ZeRO-2. `--masked` sets every label to -100: the run logs
-`{'loss': '0', 'grad_norm': '0', ...}` from its first log.
+`{'loss': '0', 'grad_norm': '0', ...}` from its first log. `--nan-once`: rank 1's loss is NaN on the first
+attempt of step K (`--inf-step`) only, a fault a replay does not meet again.
 `raw`: `deepspeed.initialize`, bf16 ZeRO-2 with `check_grad_overflow: false`; at step K rank 1 multiplies its
 loss by inf, the averaged gradient is inf, Adam writes NaN into the weights and every later loss is NaN.
 Rank 0 prints a Trainer-style dict per step, like a hand-written loop does.
@@ -60,9 +61,21 @@ def ds_config(stage: int, bf16: bool) -> dict:
 def run_trainer(args) -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
+    now = {"step": 0, "fired": False}
+
     class StepTime(TrainerCallback):
+        def on_step_begin(self, _args, state, *_rest, **_kwargs):
+            now["step"] = state.global_step + 1
+
         def on_step_end(self, *_args, **_kwargs):
             time.sleep(args.step_sleep)
+
+    def nan_once(module, _inputs, output):  # the first attempt of step K on rank 1 only: a replay runs clean
+        rank = int(os.environ.get("RANK", "0"))
+        if args.nan_once and module.training and rank == 1 and now["step"] == args.inf_step and not now["fired"]:
+            now["fired"] = True
+            output.loss = output.loss * float("nan")
+        return output
 
     config = ds_config(stage=2, bf16=False)
     config["train_micro_batch_size_per_gpu"] = "auto"
@@ -73,7 +86,9 @@ def run_trainer(args) -> None:
         output_dir=args.out, per_device_train_batch_size=MICRO_BATCH, max_steps=args.steps,
         learning_rate=1e-3, warmup_steps=2, logging_steps=args.logging_steps, save_strategy="no",
         report_to=[], seed=0, dataloader_num_workers=0, use_cpu=True, deepspeed=config)
-    trainer = Trainer(model=tiny_model(), args=training_args,
+    model = tiny_model()
+    model.register_forward_hook(nan_once)
+    trainer = Trainer(model=model, args=training_args,
                       train_dataset=dataset(64, args.masked), data_collator=collate, callbacks=[StepTime()])
     trainer.train()
 
@@ -116,6 +131,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["trainer", "raw"])
     parser.add_argument("--masked", action="store_true")
+    parser.add_argument("--nan-once", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--logging-steps", type=int, default=1)
     parser.add_argument("--inf-step", type=int, default=5)
