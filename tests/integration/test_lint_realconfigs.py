@@ -19,7 +19,9 @@ NEW = {"deepspeed": "0.19.8", "transformers": "4.57.0", "torch": "2.9.0"}
 
 
 def _files():
-    return sorted(p for p in REAL.glob("*") if p.name != "README.md") if REAL.is_dir() else []
+    """The DeepSpeed and accelerate configs: files at the top (the `fsdp/` folder beside them holds FSDP
+    configs, which this linter's DeepSpeed rules do not read)."""
+    return sorted(p for p in REAL.glob("*") if p.is_file() and p.name != "README.md") if REAL.is_dir() else []
 
 
 def _codes(name: str, env: dict, args: dict | None = None, **options) -> dict[str, str]:
