@@ -13,7 +13,7 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "lightning"
 
 JOB = r'''
-import sys, warnings, torch, lightning as L
+import sys, time, warnings, torch, lightning as L
 from torch.utils.data import DataLoader, TensorDataset
 warnings.filterwarnings("ignore")
 mode, bar = sys.argv[1], sys.argv[2]
@@ -26,6 +26,7 @@ class Regressor(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
     def training_step(self, batch, index):
+        time.sleep(0.1)  # a step as long as a small real one: the stop signal lands within a step or two
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         if mode == "nan" and self.global_step >= 10:
