@@ -135,6 +135,15 @@ class Replayer:
         self.defer_jump = defer_jump
         self.outcome: str | None = None
         self._jump: tuple | None = None
+        # gradients are in place (the first attempt's, or a replay's backward): what `drop` has to drop. A
+        # replay whose ranks agreed to skip the backward has none (under DeepSpeed a drop is an engine
+        # step, which fails with no gradient to skip)
+        self.dirty = True
+
+    def drop(self, always: bool = False) -> None:
+        if self.dirty or always:
+            self.ops.drop()
+            self.dirty = False
 
     def classify(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> bool:
         """Every rank together: True when the step is to be applied (the gradients in place are the
@@ -147,7 +156,7 @@ class Replayer:
             named = [e for part in dist.gather_objects(mine) for e in part]  # SYNC POINT: fault path only
             self.quarantine.add(named, write=rank == 0)
             self._record(hold, "masked", named, masked, {})
-            self.ops.drop()
+            self.drop()
             return False
         after = capture_rng()
         rows = dist.gather_objects(self._replay(hold, batch, forward, rng))  # SYNC POINT: fault path only
@@ -178,7 +187,7 @@ class Replayer:
                 self._jump = (hold, replay)
             else:
                 self._record(hold, how, named, origin(hold), replay)
-            self.ops.drop()
+            self.drop()
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
         self.quarantine.add(named, write=rank == 0)
@@ -187,7 +196,7 @@ class Replayer:
             self.outcome = "sample-held"
             self._record(hold, "sample-held", named, sorted({e["rank"] for e in named}),
                          {**replay, "errors": {**replay.get("errors", {}), **errors}})
-            self.ops.drop()
+            self.drop()
             return False
         self._record(hold, "sample", named, sorted({e["rank"] for e in named}), replay)
         return True
@@ -205,7 +214,7 @@ class Replayer:
         row = {"loss": float("nan"), "loss_ok": False, "grads_ok": False, "size": 0, "error": None}
         loss = None
         try:
-            self.ops.drop()
+            self.drop(always=True)
             if rng is not None:
                 restore_rng(rng)
             loss = forward(batch)
@@ -214,6 +223,7 @@ class Replayer:
         if self.agree(row["error"]):  # some rank has no loss: no rank enters the backward's all-reduce
             return row
         try:
+            self.dirty = True
             self.ops.backward(loss)
             row["loss"] = float(loss.detach())  # SYNC POINT: fault path only
             # a held jump faults again when the replayed loss is still above the limit it was held at and
@@ -265,7 +275,7 @@ class Replayer:
         failed, none does). {rank: error}: empty when every rank's gradients are in place."""
         loss, error = None, None
         try:
-            self.ops.drop()
+            self.drop(always=True)
             if rng is not None:
                 restore_rng(rng)
             kept = [p for p in range(quarantine.num_samples(batch)) if p not in set(bad)]
@@ -274,6 +284,7 @@ class Replayer:
             error = f"{type(exc).__name__}: {exc}"
         errors = self.agree(error)
         if not errors:
+            self.dirty = True
             self.ops.backward(loss)
         return errors
 
