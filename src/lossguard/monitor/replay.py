@@ -54,6 +54,8 @@ ACTIONS = {
                    "the rest of the batch failed on some rank (see the replay's errors): the step held",
     "failed": "held: the replay or the per-sample scan failed on some rank (see the replay's errors); every "
               "rank took the same path, none committed: the step held",
+    "accumulated": "held: gradient accumulation, not replayed (a replay recomputes one micro-batch: committing "
+                   "it alone would change the run); the step held",
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
     "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
             "gradients do): the state is bad, not the data; the step held",
@@ -126,8 +128,11 @@ class Ops:
 
 class Replayer:
     def __init__(self, monitor: Any, model: Any, held_quarantine: quarantine.Quarantine,
-                 ops: Ops | None = None, defer_jump: bool = False) -> None:
+                 ops: Ops | None = None, defer_jump: bool = False, refused: str | None = None) -> None:
         self.monitor = monitor
+        # why this rank cannot replay the step (gradient accumulation: monitor/guard.py); it says so in the
+        # replay's exchange, and every rank then holds the step without a backward
+        self.refused = refused
         self.ops = ops if ops is not None else Ops(model)
         self.quarantine = held_quarantine
         # with snapshots on, a jump that comes back is the state's fault: the caller rolls back (and records
@@ -182,6 +187,7 @@ class Replayer:
         if not named or whole or failed:
             jumped = not named and not failed and all(math.isfinite(row["loss"]) and row["grads_ok"] for row in rows)
             how = "jump" if jumped and hold.jump_limit is not None else "failed" if failed else "held"
+            how = "accumulated" if any(row.get("refused") for row in rows) else how
             self.outcome = how
             if how == "jump" and self.defer_jump:
                 self._jump = (hold, replay)
@@ -213,13 +219,16 @@ class Replayer:
         wait for this rank in the exchange."""
         row = {"loss": float("nan"), "loss_ok": False, "grads_ok": False, "size": 0, "error": None}
         loss = None
-        try:
-            self.drop(always=True)
-            if rng is not None:
-                restore_rng(rng)
-            loss = forward(batch)
-        except Exception as exc:  # an OOM in the replay's forward, on this rank alone
-            row["error"] = f"{type(exc).__name__}: {exc}"
+        if self.refused:  # no forward here: the others skip their backward too, every rank holds
+            row["error"], row["refused"] = self.refused, True
+        else:
+            try:
+                self.drop(always=True)
+                if rng is not None:
+                    restore_rng(rng)
+                loss = forward(batch)
+            except Exception as exc:  # an OOM in the replay's forward, on this rank alone
+                row["error"] = f"{type(exc).__name__}: {exc}"
         if self.agree(row["error"]):  # some rank has no loss: no rank enters the backward's all-reduce
             return row
         try:
@@ -290,7 +299,7 @@ class Replayer:
 
     def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict,
                 suspects: dict[int, int] | None = None) -> None:
-        kind = {"masked": "sample", "sample-held": "sample", "jump": "held", "failed": "held"}.get(how, how)
+        kind = {"masked": "sample", "sample-held": "sample", "jump": "held", "failed": "held", "accumulated": "held"}.get(how, how)
         window = self.monitor.gate.options.window
         suspect = (f"; rank(s) {', '.join(f'{r} ({n} times)' for r, n in suspects.items())} faulted transiently "
                    f"within {window} steps, each time clean when replayed: a suspect device (check that GPU's "
@@ -326,6 +335,7 @@ def console_line(hold: Hold, how: str, named: list[dict], options: Any) -> str:
             "sample": f"reproducible: quarantined {who}; the rest of the batch committed",
             "sample-held": f"reproducible: quarantined {who}; recomputing the rest failed on some rank: the step held",
             "failed": "the replay failed on some rank (its error is in the events file): the step held on every rank",
+            "accumulated": "not replayed under gradient accumulation: the step held",
             "masked": f"no supervised token: quarantined {who} without a replay; the step held",
             "held": "reproducible and no sample accounts for it (bad state, not data): the step held",
             "jump": "reproducible: the loss jumped again on replay; the batch dropped, the step held"}[how]
