@@ -234,3 +234,22 @@ def test_every_rank_made_the_same_collectives(job, scenario):
     ranks = job[1]
     first, second = (ranks[scenario][r]["collectives"] for r in (0, 1))
     assert first == second and sum(first.values()) > 0
+
+
+def test_a_replay_that_raises_on_one_rank_holds_the_step_on_every_rank_without_a_hang(tmp_path, monkeypatch):
+    """`attach`'s replay: the engine's forward raises on rank 1 alone (an out-of-memory error inside the
+    model). The ranks agree before the engine's backward: none runs it, every rank holds the step, the run
+    goes on, and both made the same collectives. Run alone with a 20 s process-group timeout: without the
+    agreement the job dies at that timeout."""
+    monkeypatch.setenv("LOSSGUARD_TEST_PG_TIMEOUT_S", "20")
+    run_job("ds_recover_job.py", tmp_path, ["z2-replay_oom"], timeout_s=300)
+    ranks = rank_outputs(tmp_path, ["z2-replay_oom"])["z2-replay_oom"]
+    for rank in ranks:
+        assert rank["held"] == [step == NAN_STEP for step in range(1, 9)] and rank["halted_at"] is None
+    assert ranks[0]["collectives"] == ranks[1]["collectives"]
+    recoveries = analyze_json(tmp_path / "z2-replay_oom" / "events")["recoveries"]
+    assert [(e["step"], e["kind"], e["steps_lost"]) for e in recoveries] == [(NAN_STEP, "held", 1)]
+    lines = [json.loads(line) for line in
+             (tmp_path / "z2-replay_oom" / "events" / "events-rank0.jsonl").read_text().splitlines()]
+    line = next(line for line in lines if line["type"] == "recovery")
+    assert "out of memory" in line["replay"]["errors"]["1"]

@@ -176,3 +176,20 @@ def test_a_recovered_runs_log_alone_with_no_events_reads_the_made_up_loss_as_a_s
     codes = [(f["code"], f["step"]) for f in report["findings"] if f["severity"] != "info"]
     assert (report["verdict"], codes) == (("warning", [("REC002", NAN_STEP)]) if flagged else ("healthy", []))
     assert report["recoveries"] == []
+
+
+def test_a_replay_that_raises_on_one_rank_holds_the_step_on_every_rank_without_a_hang(tmp_path, monkeypatch):
+    """The Trainer under DeepSpeed ZeRO-2: the replay's forward (the Trainer's own `training_step`) raises on
+    rank 1 alone (an out-of-memory error inside the model). The Trainer's backward is held back until the
+    ranks agree: none runs it, every rank holds the step, the Trainer goes on, and both ranks made the same
+    collectives. Run alone with a 20 s process-group timeout: without the agreement the job dies there."""
+    monkeypatch.setenv("LOSSGUARD_TEST_PG_TIMEOUT_S", "20")
+    run_job("hf_recover_job.py", tmp_path, ["z2-replay_oom"], timeout_s=300)
+    ranks = rank_outputs(tmp_path, ["z2-replay_oom"])["z2-replay_oom"]
+    assert [r["global_step"] for r in ranks] == [8, 8] and [r["halted_at"] for r in ranks] == [None, None]
+    assert ranks[0]["collectives"] == ranks[1]["collectives"]
+    recoveries = analyze_json(tmp_path / "z2-replay_oom" / "events")["recoveries"]
+    assert [(e["step"], e["kind"], e["steps_lost"]) for e in recoveries] == [(4, "held", 1)]
+    lines = [json.loads(line) for line in
+             (tmp_path / "z2-replay_oom" / "events" / "events-rank0.jsonl").read_text().splitlines()]
+    assert "out of memory" in next(line for line in lines if line["type"] == "recovery")["replay"]["errors"]["1"]

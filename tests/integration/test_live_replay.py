@@ -113,3 +113,25 @@ def test_every_rank_made_the_same_collectives(job):
     _, ranks = job
     for name in SCENARIOS:
         assert ranks[name][0]["steps_by_path"] == ranks[name][1]["steps_by_path"], name
+
+
+def test_a_replay_that_raises_on_one_rank_holds_the_step_on_every_rank_without_a_hang(tmp_path, monkeypatch):
+    """The replay's forward raises on rank 1 alone (an out-of-memory error inside the model): rank 0's
+    backward would all-reduce with a rank that never comes. The ranks agree before the backward: none runs
+    it, every rank holds the step, the run goes on, and both made the same collectives. Run alone with a
+    15 s process-group timeout: without the agreement the job dies at that timeout, not minutes later."""
+    monkeypatch.setenv("LOSSGUARD_TEST_PG_TIMEOUT_S", "15")
+    run_job("replay_job.py", tmp_path, ["replay_oom"], timeout_s=240)
+    ranks = [_load(tmp_path, "replay_oom", r) for r in (0, 1)]
+    for rank in (0, 1):
+        assert ranks[rank]["commits"] == [step != 4 for step in range(1, 9)]
+    assert ranks[0]["collectives"] == ranks[1]["collectives"]
+    assert ranks[0]["steps_by_path"] == ranks[1]["steps_by_path"]
+    events = _recoveries(tmp_path / "replay_oom" / "events")
+    assert [(e["step"], e["kind"], e["ranks"], e["steps_lost"]) for e in events] == [(4, "held", [1], 1)]
+    lines = [json.loads(line) for line in (tmp_path / "replay_oom" / "events" / "events-rank0.jsonl").read_text().splitlines()]
+    line = next(line for line in lines if line["type"] == "recovery")
+    assert "out of memory" in line["replay"]["errors"]["1"]
+    assert line["action"].startswith("held: the replay or the per-sample scan failed")
+    first, second = (_weights(tmp_path, "replay_oom", r) for r in (0, 1))
+    assert all(torch.equal(first[k], second[k]) and torch.isfinite(first[k]).all() for k in first)

@@ -4,6 +4,8 @@ trains exactly as without lossguard, nothing hangs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -72,3 +74,19 @@ def test_a_drifted_replica_is_rolled_back_to_the_last_snapshot_every_rank_holds_
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert all(rank["halted_at"] is None for rank in ranks["drift"])
+
+
+def test_a_restore_that_fails_on_one_rank_halts_every_rank_together(tmp_path, monkeypatch):
+    """Loading the optimizer's state raises on rank 1 alone during the rollback (an out-of-memory error):
+    rank 0 restored the snapshot, rank 1 half of it, so no state is left that both can train on. The ranks
+    agree after the restore: both halt at the held step (LossguardHalt, never rank 1's error alone into its
+    loop while rank 0 trains on into the next exchange). Run alone with a 15 s process-group timeout."""
+    monkeypatch.setenv("LOSSGUARD_TEST_PG_TIMEOUT_S", "15")
+    run_job("rollback_job.py", tmp_path, ["restore_fails"], timeout_s=240)
+    ranks = rank_outputs(tmp_path, ["restore_fails"])["restore_fails"]
+    assert [r["halted_at"] for r in ranks] == [NAN_STEP + 1] * 2
+    lines = [json.loads(line) for line in
+             (tmp_path / "restore_fails" / "events" / "events-rank0.jsonl").read_text().splitlines()]
+    halts = [line for line in lines if line["type"] == "halt"]
+    assert [(h["step"], h["reason"]) for h in halts] == [(NAN_STEP + 1, "rollback-failed")]
+    assert "out of memory" in halts[0]["errors"]["1"]

@@ -1,5 +1,6 @@
 """A torch extension build lock left by a killed build makes every later job that JIT-builds that op (DeepSpeed's
-ops) wait forever; demo, probe and watch warn about one before the job starts."""
+ops) wait forever; demo, probe and watch warn about one before the job starts, and a job that lossguard's
+`Job` stops leaves none of its own behind."""
 
 import os
 import sys
@@ -48,3 +49,28 @@ def test_watch_warns_before_the_job_starts(tmp_path, cli):
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
     assert f"lossguard: warning: {lock} is a build lock" in err and f"rm {lock}" in err
+
+
+def test_a_job_lossguard_stops_leaves_no_build_lock_of_its_own_behind(tmp_path):
+    """A job stopped by lossguard (a timeout, a halt, Ctrl-C) inside torch's JIT-load window leaves its op's
+    `lock`: removed once the job is gone. A lock some live process holds open (a build running) and one
+    older than the job are not the job's: kept."""
+    from lossguard.probe.job import Job
+
+    root = tmp_path / "ext"
+    older = _lock(root / "old_op", 60)
+    job = Job([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "job.log",
+              env={**os.environ, "TORCH_EXTENSIONS_DIR": str(root)})
+    left = root / "deepspeed_shm_comm" / "lock"
+    left.parent.mkdir(parents=True)
+    left.write_text("")  # the killed job's: nobody has it open
+    held = root / "building_op" / "lock"
+    held.parent.mkdir(parents=True)
+    fd = os.open(held, os.O_CREAT | os.O_EXCL)  # a build in progress holds its lock open, as torch's FileBaton does
+    try:
+        time.sleep(0.2)
+        job.stop()
+        assert not job.members()
+        assert not left.exists() and held.exists() and older.exists()
+    finally:
+        os.close(fd)

@@ -38,7 +38,8 @@ A fault that does not come back on the replay is `transient` (the replay is comm
 traced to the sample(s) whose own loss is non-finite, which are quarantined (`quarantine.jsonl` in the
 events dir, honoured by `batches` for the rest of the run and by a new Guard on the same events dir) and
 the rest of the batch committed (`sample`); a micro-batch with every label masked is quarantined without a
-replay. One micro-batch per optimizer step (no gradient accumulation) in this version.
+replay. One micro-batch per optimizer step: with gradient accumulation (more than one batch from `batches`,
+or micro-batch observed, per step) a held step is held whole, never replayed (said once at the first step).
 
 `recover=lossguard.RecoverOptions(snapshot_every=S)` (and `scheduler=` here): host snapshots of each rank's
 state every S steps; weights that turn non-finite after a step are rolled back on every rank to the same
@@ -159,6 +160,8 @@ class Guard:
         self.monitor.lag = 1
         replaying = forward is not None and batch is not None and self.monitor.gate is not None \
             and self.monitor.gate.options.replay
+        refused = self._accumulating(loss is not None or batch is not None or labels is not None) \
+            if replaying else None
         if self.monitor.gate is not None:  # with snapshots, the held step's record waits for the rollback check
             self.monitor.gate.replay = replaying or self.ring is not None
         self._end(loss, batch, labels, model, optimizer, grad_norm, step, False, lrs, gating=True)
@@ -171,7 +174,7 @@ class Guard:
             return False
         if replaying:
             replayer = replay.Replayer(self.monitor, model or self.model, self.quarantine,
-                                       defer_jump=self.ring is not None)
+                                       defer_jump=self.ring is not None, refused=refused)
             try:  # `forward` errors are caught per rank inside and travel in the exchange: all ranks agree
                 if replayer.classify(hold, batch, forward, self._rng):
                     return True
@@ -186,6 +189,24 @@ class Guard:
         for param in (model or self.model).parameters():
             param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
         return False
+
+    def _accumulating(self, observed: bool) -> str | None:
+        """Why this step cannot be replayed (None: it can): gradient accumulation, seen as more than one
+        batch handed out by `batches`, or more than one micro-batch observed, since the last step. `forward`
+        recomputes one batch: replaying the last micro-batch alone and committing it would change the run
+        while reporting it recovered, so such a step is held whole. Said once, at the first step that shows
+        it. Each rank's own count: told to the others in the replay's exchange, so every rank holds."""
+        handed, self._handed_then = self.handed - getattr(self, "_handed_then", 0), self.handed
+        micro = max(handed, len(self.monitor._micro) + int(observed))
+        if micro <= 1 and not getattr(self, "_refused", None):
+            return None
+        if not getattr(self, "_refused", None):
+            self._refused = (f"gradient accumulation ({micro} micro-batches per optimizer step): a held step is "
+                             "not replayed, since `forward` recomputes one batch and committing it alone would "
+                             "change the run; such steps are held whole")
+            if self.monitor.rank == 0 and self.monitor.options.console:
+                say(f"lossguard: {self._refused} (commit(forward=...) replays one micro-batch per step)")
+        return self._refused
 
     def _position(self) -> int:
         """Batches handed out before the current step's (one per step when the loop does not use `batches`)."""

@@ -50,6 +50,12 @@ ACTIONS = {
                  "the replay's gradients committed",
     "sample": "sample: replayed, the fault came back; the sample(s) named were quarantined, the rest of the "
               "batch recomputed and committed",
+    "sample-held": "sample: replayed, the fault came back; the sample(s) named were quarantined; recomputing "
+                   "the rest of the batch failed on some rank (see the replay's errors): the step held",
+    "failed": "held: the replay or the per-sample scan failed on some rank (see the replay's errors); every "
+              "rank took the same path, none committed: the step held",
+    "accumulated": "held: gradient accumulation, not replayed (a replay recomputes one micro-batch: committing "
+                   "it alone would change the run); the step held",
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
     "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
             "gradients do): the state is bad, not the data; the step held",
@@ -122,8 +128,11 @@ class Ops:
 
 class Replayer:
     def __init__(self, monitor: Any, model: Any, held_quarantine: quarantine.Quarantine,
-                 ops: Ops | None = None, defer_jump: bool = False) -> None:
+                 ops: Ops | None = None, defer_jump: bool = False, refused: str | None = None) -> None:
         self.monitor = monitor
+        # why this rank cannot replay the step (gradient accumulation: monitor/guard.py); it says so in the
+        # replay's exchange, and every rank then holds the step without a backward
+        self.refused = refused
         self.ops = ops if ops is not None else Ops(model)
         self.quarantine = held_quarantine
         # with snapshots on, a jump that comes back is the state's fault: the caller rolls back (and records
@@ -131,6 +140,15 @@ class Replayer:
         self.defer_jump = defer_jump
         self.outcome: str | None = None
         self._jump: tuple | None = None
+        # gradients are in place (the first attempt's, or a replay's backward): what `drop` has to drop. A
+        # replay whose ranks agreed to skip the backward has none (under DeepSpeed a drop is an engine
+        # step, which fails with no gradient to skip)
+        self.dirty = True
+
+    def drop(self, always: bool = False) -> None:
+        if self.dirty or always:
+            self.ops.drop()
+            self.dirty = False
 
     def classify(self, hold: Hold, batch: Any, forward: Any, rng: dict[str, Any] | None) -> bool:
         """Every rank together: True when the step is to be applied (the gradients in place are the
@@ -143,7 +161,7 @@ class Replayer:
             named = [e for part in dist.gather_objects(mine) for e in part]  # SYNC POINT: fault path only
             self.quarantine.add(named, write=rank == 0)
             self._record(hold, "masked", named, masked, {})
-            self.ops.drop()
+            self.drop()
             return False
         after = capture_rng()
         rows = dist.gather_objects(self._replay(hold, batch, forward, rng))  # SYNC POINT: fault path only
@@ -168,17 +186,24 @@ class Replayer:
             failed = any(part["error"] for part in found)
         if not named or whole or failed:
             jumped = not named and not failed and all(math.isfinite(row["loss"]) and row["grads_ok"] for row in rows)
-            how = "jump" if jumped and hold.jump_limit is not None else "held"
+            how = "jump" if jumped and hold.jump_limit is not None else "failed" if failed else "held"
+            how = "accumulated" if any(row.get("refused") for row in rows) else how
             self.outcome = how
             if how == "jump" and self.defer_jump:
                 self._jump = (hold, replay)
             else:
                 self._record(hold, how, named, origin(hold), replay)
-            self.ops.drop()
+            self.drop()
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
         self.quarantine.add(named, write=rank == 0)
-        self._recompute(batch, forward, rng, [e["position"] for e in named if e["rank"] == rank])
+        errors = self._recompute(batch, forward, rng, [e["position"] for e in named if e["rank"] == rank])
+        if errors:  # the samples stay quarantined; the rest of the batch is not committed half-computed
+            self.outcome = "sample-held"
+            self._record(hold, "sample-held", named, sorted({e["rank"] for e in named}),
+                         {**replay, "errors": {**replay.get("errors", {}), **errors}})
+            self.drop()
+            return False
         self._record(hold, "sample", named, sorted({e["rank"] for e in named}), replay)
         return True
 
@@ -193,11 +218,21 @@ class Replayer:
         """This rank's replay. An error here is carried to the other ranks in the row, never raised: they
         wait for this rank in the exchange."""
         row = {"loss": float("nan"), "loss_ok": False, "grads_ok": False, "size": 0, "error": None}
+        loss = None
+        if self.refused:  # no forward here: the others skip their backward too, every rank holds
+            row["error"], row["refused"] = self.refused, True
+        else:
+            try:
+                self.drop(always=True)
+                if rng is not None:
+                    restore_rng(rng)
+                loss = forward(batch)
+            except Exception as exc:  # an OOM in the replay's forward, on this rank alone
+                row["error"] = f"{type(exc).__name__}: {exc}"
+        if self.agree(row["error"]):  # some rank has no loss: no rank enters the backward's all-reduce
+            return row
         try:
-            self.ops.drop()
-            if rng is not None:
-                restore_rng(rng)
-            loss = forward(batch)
+            self.dirty = True
             self.ops.backward(loss)
             row["loss"] = float(loss.detach())  # SYNC POINT: fault path only
             # a held jump faults again when the replayed loss is still above the limit it was held at and
@@ -235,24 +270,42 @@ class Replayer:
             part["error"] = f"{type(exc).__name__}: {exc}"
         return part
 
-    def _recompute(self, batch: Any, forward: Any, rng: dict[str, Any] | None, bad: list[int]) -> None:
+    def agree(self, error: str | None) -> dict[int, str]:
+        """Every rank's error at this point, {rank: error} (empty: none failed): gathered BEFORE a step that
+        makes a collective (the backward's all-reduce), so that a rank which failed short of it and the
+        ranks which did not take the same path: every rank runs that step, or none does. A rank that
+        raised alone and skipped the collective would leave the others waiting in it until the process
+        group's timeout. SYNC POINT: fault path only."""
+        return {r: e for r, e in enumerate(dist.gather_objects(error)) if e}
+
+    def _recompute(self, batch: Any, forward: Any, rng: dict[str, Any] | None, bad: list[int]) -> dict[int, str]:
         """Every rank: the loss of its kept samples (all of them on a rank that named none) from its handout
-        RNG state, and its backward (DDP all-reduces: every rank runs it)."""
-        self.ops.drop()
-        if rng is not None:
-            restore_rng(rng)
-        kept = [p for p in range(quarantine.num_samples(batch)) if p not in set(bad)]
-        self.ops.backward(forward(quarantine.select(batch, kept) if bad else batch))
+        RNG state, and its backward (DDP all-reduces: every rank runs it, or, when some rank's forward
+        failed, none does). {rank: error}: empty when every rank's gradients are in place."""
+        loss, error = None, None
+        try:
+            self.drop(always=True)
+            if rng is not None:
+                restore_rng(rng)
+            kept = [p for p in range(quarantine.num_samples(batch)) if p not in set(bad)]
+            loss = forward(quarantine.select(batch, kept) if bad else batch)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        errors = self.agree(error)
+        if not errors:
+            self.dirty = True
+            self.ops.backward(loss)
+        return errors
 
     def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict,
                 suspects: dict[int, int] | None = None) -> None:
-        kind = {"masked": "sample", "jump": "held"}.get(how, how)
+        kind = {"masked": "sample", "sample-held": "sample", "jump": "held", "failed": "held", "accumulated": "held"}.get(how, how)
         window = self.monitor.gate.options.window
         suspect = (f"; rank(s) {', '.join(f'{r} ({n} times)' for r, n in suspects.items())} faulted transiently "
                    f"within {window} steps, each time clean when replayed: a suspect device (check that GPU's "
                    "health, e.g. its ECC error counts, or move the job off it)") if suspects else ""
         event = {**self.monitor.gate.event(hold), "kind": kind, "ranks": ranks,
-                 "samples": named, "steps_lost": 1 if how in ("held", "masked", "jump") else 0,
+                 "samples": named, "steps_lost": 1 if how != "transient" and how != "sample" else 0,
                  "action": ACTIONS[how] + suspect}
         if suspects:
             event["suspects"] = sorted(suspects)
@@ -280,6 +333,9 @@ def console_line(hold: Hold, how: str, named: list[dict], options: Any) -> str:
                     + (f" index {e['index']}" if e["index"] is not None else "") for e in named)
     told = {"transient": "transient (the replay did not fault): the replay committed",
             "sample": f"reproducible: quarantined {who}; the rest of the batch committed",
+            "sample-held": f"reproducible: quarantined {who}; recomputing the rest failed on some rank: the step held",
+            "failed": "the replay failed on some rank (its error is in the events file): the step held on every rank",
+            "accumulated": "not replayed under gradient accumulation: the step held",
             "masked": f"no supervised token: quarantined {who} without a replay; the step held",
             "held": "reproducible and no sample accounts for it (bad state, not data): the step held",
             "jump": "reproducible: the loss jumped again on replay; the batch dropped, the step held"}[how]

@@ -295,7 +295,19 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
                f"{', '.join(map(str, verdict.bad_ranks))} and no snapshot finite on every rank to roll back to")
         return "halt"
     snap = find(ring, verdict.target)
-    Ring.restore(snap, model, optimizer, scheduler)
+    error = None
+    try:
+        Ring.restore(snap, model, optimizer, scheduler)
+    except Exception as exc:  # one rank's (out of memory): agreed on below, never raised into the loop
+        error = f"{type(exc).__name__}: {exc}"
+    failed = {r: e for r, e in enumerate(dist.gather_objects(error)) if e}  # SYNC POINT: rollback path only
+    if failed:  # the ranks' states may now differ (some restored, some half): nothing to train on, halt
+        _write(monitor, {"type": "halt", "step": hold.step, "codes": [], "reason": "rollback-failed",
+                         "errors": failed},
+               f"lossguard: halting at step {hold.step} on every rank: restoring the snapshot of step {snap.step} "
+               f"failed on rank(s) {', '.join(map(str, failed))} ({next(iter(failed.values()))}); the ranks' "
+               "states can no longer be trusted to match")
+        return "halt"
     lost = steps_lost(hold.step, snap.step, monitor.gate.recent)  # the applied steps undone, and the held one
     cause = ("non-finite weights", "nonfinite", "LOSS001", ACTION, verdict.bad_ranks) if verdict.bad_ranks else \
         (DRIFT, "rank-desync", "RANK001", DRIFT_ACTION, hold.ranks) if drift else \

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from lossguard.probe.preflight import release_build_locks
 from lossguard.procs import JOB_ENV, job_members, new_token
 
 TERM_GRACE_S = 10.0  # torchrun forwards SIGTERM to its ranks and waits for them: give it that time
@@ -44,9 +45,10 @@ class Job:
         self.term_grace_s = term_grace_s
         self.log_path = Path(log_path)
         self.start_s = time.monotonic()
+        self.start_wall = time.time()  # the build locks a stop may release are the ones made since
         self.timed_out = False
         self.token = new_token()
-        env = {**(os.environ if env is None else env), JOB_ENV: self.token}
+        env = self.env = {**(os.environ if env is None else env), JOB_ENV: self.token}
         with open(self.log_path, "wb") as log:
             # start_new_session: the job gets a process group of its own, away from the caller's terminal.
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -79,12 +81,15 @@ class Job:
 
     def stop(self) -> None:
         """SIGTERM every process of the job, SIGKILL what outlives the grace period; returns once none of
-        it lives (or, for a process stuck in the kernel, after both grace periods)."""
+        it lives (or, for a process stuck in the kernel, after both grace periods). A job stopped here
+        leaves no torch extension build lock of its own behind (`preflight.release_build_locks`)."""
+        stopped = False
         try:
             for sig, grace_s in ((signal.SIGTERM, self.term_grace_s), (signal.SIGKILL, KILL_GRACE_S)):
                 pids = self.members()
                 if not pids:
                     return
+                stopped = True
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.pgid, sig)
                 for pid in pids:  # the ranks in sessions of their own
@@ -96,6 +101,9 @@ class Job:
             self.proc.poll()  # reap the launcher if it is done
             with _running_lock:
                 _running.discard(self)
+            if stopped and not self.members():
+                with contextlib.suppress(Exception):
+                    release_build_locks(self.env, self.start_wall)
 
     def __enter__(self) -> Job:
         return self

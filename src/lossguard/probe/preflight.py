@@ -13,6 +13,7 @@ still running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -128,3 +129,39 @@ def stale_build_locks(env: dict[str, str] | None = None, now: float | None = Non
                 f"waits on it forever (stuck after \"Using ... as PyTorch extensions root\"): remove it "
                 f"(rm {lock})")
     return warnings
+
+
+def release_build_locks(env: dict[str, str] | None, since: float) -> list[Path]:
+    """Remove the torch extension build locks under a stopped job's extensions root made since `since`
+    (wall clock, the job's start) that no live process holds; the paths removed. torch takes an op's
+    `lock` on every JIT load of it (a no-op ninja run once it is built) and keeps the file open until it
+    removes it; a job stopped inside that window leaves the file behind, and every later job that loads
+    the op waits on it forever. A lock some process still has open is a running build's (never touched);
+    one nobody has open was left by a process that is gone. Linux only (reads /proc); elsewhere nothing."""
+    root = extensions_root(env)
+    proc = Path("/proc")
+    if root is None or not root.is_dir() or not proc.is_dir():
+        return []
+    removed = []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        try:
+            if lock.stat().st_mtime >= since - 1 and not _held_open(lock, proc):
+                lock.unlink()
+                removed.append(lock)
+        except OSError:
+            continue
+    return removed
+
+
+def _held_open(path: Path, proc: Path) -> bool:
+    """Whether a live process has `path` open (its /proc/PID/fd links; those we may not read count as not)."""
+    target = str(path.resolve())
+    for fd_dir in proc.glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == target:
+                        return True
+        except OSError:
+            continue
+    return False

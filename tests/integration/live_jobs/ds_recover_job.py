@@ -9,6 +9,9 @@ Scenario names: zSTAGE-CASE[-bf16|-fp16], CASE one of
                checkpoint;
   transient    rank 1's loss is NaN on the first attempt of step NAN_STEP (recover=True): the replay is clean;
   flaky        the same at steps 3 and 6: rank 1 is named a suspect device at 6;
+  replay_oom   as `transient`, but the replay's forward raises on rank 1 only (an out-of-memory error inside
+               the model): every rank holds the step, none enters the backward alone; run alone with a
+               short process-group timeout (LOSSGUARD_TEST_PG_TIMEOUT_S), so that a hang fails fast;
   poison       the embedding row of token POISON (untied head) is 1e38 and rank 1's sample 2 at step NAN_STEP
                carries that token (recover=True): that sample is quarantined, the rest committed;
   resume       `poison` again, a new engine and guard on its events dir: the sample never reaches the model;
@@ -32,6 +35,7 @@ scheduler, the engine's counters); rank 0 also writes summary.json (its findings
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -43,7 +47,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny  # noqa: E402
 
 STEPS, NAN_STEP, POISON = 8, 4, tiny.VOCAB
-NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}, "flaky": {3, 6}}
+NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}, "flaky": {3, 6},
+          "replay_oom": {NAN_STEP}}
 
 
 def model_for(case: str):
@@ -117,6 +122,17 @@ def run(out_dir: str, name: str) -> None:
     os.makedirs(work, exist_ok=True)
     config = tiny.ds_config(stage, bf16=bf16, fp16=fp16, **({"check_grad_overflow": False} if bf16 else {}))
     model = model_for(case)
+    seconds = os.environ.get("LOSSGUARD_TEST_PG_TIMEOUT_S")  # a test that must fail fast on a hang
+    if seconds and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(seconds)))
+    fail_next = []  # `replay_oom`: the next forward raises, as an out-of-memory error would
+
+    def maybe_fail(module, args):
+        if fail_next:
+            fail_next.clear()
+            raise RuntimeError("out of memory (simulated, replay_oom)")
+
+    model.register_forward_pre_hook(maybe_fail)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     guard = None
     if case != "plain":
@@ -143,6 +159,7 @@ def run(out_dir: str, name: str) -> None:
             loss = engine(**batch).loss
             if rank == 1 and step in NAN_AT.get(case, ()):
                 loss = loss * float("nan")  # the loop's own fault: a replay recomputes the loss without it
+                fail_next.extend([True] if case == "replay_oom" else [])  # or raises, on this rank alone
             losses.append(float(loss))
             engine.backward(loss)
             if step == NAN_STEP and case in ("nan_once", "masked"):

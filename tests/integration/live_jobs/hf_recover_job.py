@@ -13,6 +13,9 @@ Scenario names: STACK-CASE, STACK one of ddp (no DeepSpeed), z1, z2, z3 (DeepSpe
                5: the loss at 7 is held and every rank rolls back to the snapshot taken before step 5;
   poison       (DeepSpeed) 32 samples, 12 steps (three epochs); sample POISON_INDEX carries token POISON, whose
                embedding row is 1e38: named and quarantined the first time, left out of every later epoch;
+  replay_oom   as `transient`, but the replay's forward raises on rank 1 only (an out-of-memory error inside
+               the model): every rank holds the step, none enters the backward alone; run alone with a short
+               process-group timeout (LOSSGUARD_TEST_PG_TIMEOUT_S), so that a hang fails fast;
   healthy      recover=True, no fault;
   plain        the same healthy run without lossguard.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (the losses its model computed, the Trainer's final step) and,
@@ -23,6 +26,7 @@ state (out/trainer_state.json, as a checkpoint holds it) and prints MARK lines a
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -35,7 +39,7 @@ from ds_recover_job import POISON, master_partition, model_for, shard_state  # n
 
 NAN_STEP, POISON_INDEX = 4, 13
 MARK = "==== hf_recover_job scenario"
-NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}}
+NAN_AT = {"nan_once": {NAN_STEP}, "over_budget": {3, 4, 5}, "transient": {NAN_STEP}, "replay_oom": {NAN_STEP}}
 
 
 class Data(tiny.Tokens):
@@ -63,6 +67,9 @@ def run(out_dir: str, name: str) -> None:
     from lossguard.monitor.adapters.hf import find_deepspeed_engine
 
     stack, case = name.split("-", 1)
+    seconds = os.environ.get("LOSSGUARD_TEST_PG_TIMEOUT_S")  # a test that must fail fast on a hang
+    if seconds and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(seconds)))
     counted = tiny.count_collectives()  # every rank must make the same collectives: counted from here
     rank = tiny.rank()
     work = os.path.join(out_dir, name)
@@ -89,6 +96,13 @@ def run(out_dir: str, name: str) -> None:
         return None
 
     model.register_forward_pre_hook(mask, with_kwargs=True)
+
+    def oom(module, args):  # `replay_oom`: the forward after the poisoned first attempt (the replay) raises
+        if module.training and case == "replay_oom" and now["fired"] == NAN_STEP and not now.get("oom"):
+            now["oom"] = 1
+            raise RuntimeError("out of memory (simulated, replay_oom)")
+
+    model.register_forward_pre_hook(oom)
     trainer_box: dict = {}
 
     class Probe(TrainerCallback):

@@ -13,6 +13,7 @@ after.pt); rank 0 also writes summary.json (its findings).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -54,8 +55,9 @@ def state(model, optimizer, scheduler) -> dict:
 def start(out_dir: str, name: str, make_net=Net):
     """(rank, the scenario's folder, DDP model, Adam): what every recovery job's scenario starts from. The net
     is built after the seed, so each scenario of a job starts from the same weights."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
+    if not dist.is_initialized():  # a test that must fail fast on a hang sets a short timeout
+        seconds = os.environ.get("LOSSGUARD_TEST_PG_TIMEOUT_S")
+        dist.init_process_group("gloo", **({"timeout": datetime.timedelta(seconds=int(seconds))} if seconds else {}))
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
     torch.manual_seed(0)

@@ -13,6 +13,10 @@ the model has dropout, so the replay's RNG restore matters):
 - `all_bad`: the same poisoned row, carried by every sample of rank 1's batch at step 2 (and 6): the state,
   not one sample, is at fault: held.
 - `masked`: every label of the samples in rank 0's batch at step 3 is -100.
+- `replay_oom`: as `transient`, but the replay's forward raises on rank 1 only (an out-of-memory error
+  inside the model, as on a device short of memory): no rank may enter the backward's all-reduce without the
+  others; every rank holds the step, and the run goes on. Run alone with a short process-group timeout
+  (LOSSGUARD_TEST_PG_TIMEOUT_S), so that a hang fails within seconds.
 Every rank writes OUT_DIR/SCENARIO/rank{r}.json (losses, commits, the dataset indices each step saw, how many
 times `forward` was called, the collectives) and final-rank{r}.pt (its weights); rank 0 also summary.json.
 """
@@ -40,8 +44,12 @@ class Net(torch.nn.Module):
         self.emb = torch.nn.Embedding(VOCAB, 16)
         self.drop = torch.nn.Dropout(0.1)
         self.head = torch.nn.Linear(16, VOCAB)
+        self.fail_next = False  # `replay_oom`: the next forward raises, as an out-of-memory error would
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("out of memory (simulated, replay_oom)")
         # the embedding scaled by sqrt(width), as Gemma does: a row of 1e38 overflows to inf here
         logits = self.head(self.drop(self.emb(ids) * 4.0))
         return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
@@ -78,6 +86,7 @@ def run(out_dir: str, name: str) -> None:
         return net
 
     rank, work, model, optimizer = start(out_dir, name, make_net)
+    counted = tiny.count_collectives()  # every rank must make the same collectives: counted from here
     net = model.module
     events = os.path.join(out_dir, "poison" if name == "resume" else name, "events")
     guard = lossguard.Guard(model, optimizer, events_dir=events, recover=True, fingerprint_every=4)
@@ -97,8 +106,9 @@ def run(out_dir: str, name: str) -> None:
             step += 1
             out["seen"].append(batch["index"].tolist())
             loss = model(**batch)
-            if name == "transient" and step == TRANSIENT_STEP and rank == 1:
+            if name in ("transient", "replay_oom") and step == TRANSIENT_STEP and rank == 1:
                 loss = loss * float("nan")  # the first attempt only: `forward` (the replay) is clean
+                net.fail_next = name == "replay_oom"  # or raises, on this rank alone
             loss.backward()
             out["losses"].append(loss.item())
             ok = guard.commit(loss=loss, batch=batch, forward=forward)
@@ -108,6 +118,7 @@ def run(out_dir: str, name: str) -> None:
             optimizer.zero_grad()
     guard.close()
     out["steps_by_path"] = guard.monitor.steps_by_path
+    out["collectives"] = tiny.collectives_since(counted)
     torch.save({k: v.clone() for k, v in net.state_dict().items()}, os.path.join(work, f"final-rank{rank}.pt"))
     with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
         json.dump(out, fh)

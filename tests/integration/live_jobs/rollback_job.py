@@ -7,7 +7,9 @@ NAN_STEP), `lr_spike` (30 steps, `commit(forward=...)`: the LR is 10^4 times too
 SPIKE_STEP on every rank; the weights stay finite but the loss explodes at the next step, comes back on
 replay, and the run is rolled back), `drift` (fingerprints every step; rank 1 nudges one of its weights
 right after step DRIFT_STEP: the replicas differ at the next step and are rolled back), `snap_healthy` (snapshots on, no fault), `plain` (the same run without
-lossguard). Every rank
+lossguard), `restore_fails` (as `nan_weights`, but loading the optimizer's state raises on rank 1 alone
+during the restore, as an out-of-memory error would: every rank halts at the held step; run alone with a
+short process-group timeout, LOSSGUARD_TEST_PG_TIMEOUT_S). Every rank
 writes OUT_DIR/SCENARIO/rank{r}.json: its losses, what commit returned, whether its final weights are
 finite, the halt, the final weights (rank{r}.pt).
 """
@@ -37,6 +39,11 @@ def run(out_dir: str, name: str) -> None:
         fingerprint_every=1 if name == "drift" else 4,
         recover=lossguard.RecoverOptions(snapshot_every=EVERY))
     out: dict = {"losses": [], "commits": [], "halted_at": None}
+    if name == "restore_fails" and rank == 1:
+        def load_state_dict(state):
+            raise RuntimeError("out of memory (simulated, restore_fails)")
+
+        optimizer.load_state_dict = load_state_dict
     loader = [batch_at(step, rank) for step in range(1, (30 if name == "lr_spike" else STEPS) + 1)]
     forward = (lambda b: model(b["ids"], b["labels"])) if name == "lr_spike" else None
     try:
@@ -57,7 +64,7 @@ def run(out_dir: str, name: str) -> None:
             if name == "drift" and rank == 1 and len(out["losses"]) == DRIFT_STEP:
                 with torch.no_grad():  # this replica alone drifts: finite, and invisible to the loss
                     model.module.head.weight[0, 0] += 1e-2
-            if name == "nan_weights" and rank == 1 and len(out["losses"]) == NAN_STEP:
+            if name in ("nan_weights", "restore_fails") and rank == 1 and len(out["losses"]) == NAN_STEP:
                 with torch.no_grad():  # a fault the gate cannot see: it is applied after the step
                     model.module.head.weight[0, 0] = float("nan")
     except lossguard.LossguardHalt as halt:

@@ -171,7 +171,8 @@ class EngineGate:
             ok = replayer.classify(hold, source.capture.batch, source.forward, source.capture.rng)
         except Exception as exc:  # past the errors `classify` shares: report, hold the step
             self.monitor._fail(exc, "replay")
-            ds_hold.hold(self.engine, run, counted=False)
+            if replayer.dirty:
+                ds_hold.hold(self.engine, run, counted=False)
             ok = False
         if replayer.outcome == "jump" and self.ring is not None and snapshots.rollback(  # the state's fault
                 self.monitor, self.ring, hold, hold.step - 1, self.shard, self.optimizer_state, self.scheduler(),

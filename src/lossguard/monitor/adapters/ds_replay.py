@@ -25,6 +25,7 @@ import torch
 
 from lossguard.monitor import quarantine, replay, tensors
 from lossguard.monitor.adapters import ds_hold
+from lossguard.monitor.adapters.instance import shadow
 from lossguard.monitor.quarantine import Quarantine
 
 
@@ -75,7 +76,7 @@ class Source:
 
     capture: Capture  # its `held`: the quarantine the replay's `sample` verdict adds to
     forward: Callable[[dict[str, Any]], torch.Tensor]  # a batch -> its loss
-    backward: Callable[[torch.Tensor], Any]  # that loss -> the gradients (a no-op where `forward` ran it)
+    backward: Callable[[torch.Tensor], Any]  # that loss -> the gradients
     scan: Callable[[dict[str, Any]], torch.Tensor]  # one sample -> its loss, under no_grad
 
 
@@ -88,14 +89,32 @@ def raw_source(engine: Any, capture: Capture, backward: Callable[[Any], Any]) ->
 def trainer_source(trainer: Any, capture: Capture, replaying: Callable[[bool], None]) -> Source:
     """The Trainer under DeepSpeed: the Trainer's own `training_step` on the captured inputs, which repeats
     every transformation between the model's loss and `backward` (its `num_items_in_batch` scaling, the
-    gradient-accumulation division) and runs the backward itself; `replaying(True)` makes the engine's
-    `step()` that it ends with a no-op (the gate decides the step). The scan calls the model directly."""
+    gradient-accumulation division); `replaying(True)` makes the engine's `step()` that the backward ends
+    with a no-op (the gate decides the step). The Trainer's `accelerator.backward` call is held back while
+    `training_step` runs and made by `backward`: the replay agrees across the ranks between the two, so
+    that a rank whose forward raised and the others run the backward's collectives together, or none
+    does. The scan calls the model directly."""
+    pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
+
     def forward(batch: dict[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
+        pending.clear()
         replaying(True)
+        undo = shadow(trainer.accelerator, "backward", lambda loss, **kwargs: pending.append((loss, kwargs)))
         try:
             with capture.paused():
                 return trainer.training_step(trainer.model_wrapped, inputs, batch.get("num_items_in_batch"))
+        finally:
+            undo()
+            replaying(False)
+
+    def backward(_: torch.Tensor) -> None:
+        if not pending:
+            return
+        loss, kwargs = pending.pop()
+        replaying(True)
+        try:
+            trainer.accelerator.backward(loss, **kwargs)
         finally:
             replaying(False)
 
@@ -103,7 +122,7 @@ def trainer_source(trainer: Any, capture: Capture, replaying: Callable[[bool], N
         with capture.paused():
             return tensors.output_loss(trainer.model(**batch))
 
-    return Source(capture, forward, lambda loss: None, scan)
+    return Source(capture, forward, backward, scan)
 
 
 class DeepSpeedOps(replay.Ops):
