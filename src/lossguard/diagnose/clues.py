@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lossguard.knowledge.conditions import (
+    OPS,
     AnyKnown,
     Column,
     EvalOnlyNonfinite,
@@ -78,6 +79,10 @@ class Clue:
     says_not: str = ""
     background: Level = OFTEN
     symptom_of: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"clue {self.name}: unknown operator {self.op!r}; one of {sorted(OPS)}")
 
     def judge(self, run: RunEvidence) -> tuple[bool | None, Any]:
         """(holds?, the value read); None when the inputs do not tell."""
@@ -171,7 +176,7 @@ CPU_TORCH = fact("torch_version", "endswith", "+cpu", "torch {value} is a CPU bu
 # pasted excerpt often does not: runs in general rarely show them, DeepSpeed causes often do.
 DEEPSPEED_SHOWN = Clue("deepspeed-shown", AnyKnown(("deepspeed_version", "zero_stage", "overlap_comm"),
                                                    (("GRAD001", "groups"), ("LOSS002", "sentinel_groups"))),
-                       "==", True, "the inputs show a DeepSpeed ZeRO run",
+                       "found", True, "the inputs show a DeepSpeed ZeRO run",
                        "nothing in the inputs shows DeepSpeed ZeRO (no version, stage, ZeRO setting or "
                        "sentinel grad norm)", RARELY)
 
@@ -201,9 +206,7 @@ OVERFLOW_LINES = event("overflow", "{value} loss-scale OVERFLOW lines", symptom_
 SCALE_FLOOR = event("scale-at-minimum", "the loss scale hit its minimum", symptom_of=("fp16-overflow",))
 LR_BEFORE_STEP = event("lr-before-step", "{value} warnings that the optimizer had not stepped yet: no step has been "
                        "taken", symptom_of=())
-NORM_ZERO_LR_ZERO = Clue("zero-norm-at-zero-lr", RunNumber("zero_norm_at_zero_lr", "grad_norm 0.0 wherever the "
-                                                             "learning rate is stuck at 0",
-                                                             "the lr and grad_norm columns"), "==", True,
+NORM_ZERO_LR_ZERO = Clue("zero-norm-at-zero-lr", RunNumber("zero_norm_at_zero_lr", "the lr and grad_norm columns"), "==", True,
                          "grad_norm is exactly 0.0 wherever the learning rate is 0: DeepSpeed returns before "
                          "computing the norm when it skips a step, so no step has been taken",
                          "grad_norm is non-zero where the learning rate is 0: gradients are computed and the "
@@ -246,22 +249,19 @@ REWARDS_VARY = measured("GRAD006", "degenerate_rewards", "<=", 0, "the rewards v
                         "zero-gradient step, so the advantages are not all 0", background=OFTEN)
 RANKS_DIFFER = fired("RANK001", "the ranks' weight fingerprints or losses differ", RARELY,
                      symptom_of=("rank-desync",))
-GRAD_NORM_GROWS = Clue("grad-norm-grows", RunNumber("grad_norm_grows", "the grad norm rises steadily",
-                                                    "the grad_norm column"), "==", True,
+GRAD_NORM_GROWS = Clue("grad-norm-grows", RunNumber("grad_norm_grows", "the grad_norm column"), "==", True,
                        "the grad norm rises step after step, ending several times where it began",
                        "the grad norm does not rise steadily", RARELY)
-MARGINS_ZERO = Clue("margins-zero", RunNumber("margins_all_zero", "every reward margin is exactly 0",
-                                              "the rewards/margins column"), "==", True,
+MARGINS_ZERO = Clue("margins-zero", RunNumber("margins_all_zero", "the rewards/margins column"), "==", True,
                     "rewards/margins is exactly 0 on every log: the policy and the reference never differ",
                     "rewards/margins moves off 0: the policy differs from its reference", RARELY)
-LOSS_AT_LN2 = Clue("loss-at-ln2", RunNumber("loss_at_ln2", "every loss is ln 2", "the loss column"), "==", True,
+LOSS_AT_LN2 = Clue("loss-at-ln2", RunNumber("loss_at_ln2", "the loss column"), "==", True,
                    "the loss is ln 2 = 0.6931 on every log: a pairwise loss at a margin of exactly 0",
                    "the loss moves off ln 2", RARELY)
 # TRL's SFT logs a token accuracy of exactly 0.0 when no token of the batch is supervised; a model whose
 # weights are still the pretrained ones scores above 0 on any supervised token. From the first log on, then,
 # it is labels masked everywhere.
-NO_TOKEN_SCORED = Clue("no-token-scored", RunNumber("no_token_scored", "the token accuracy is 0 from the first log",
-                                                    "the mean_token_accuracy column"), "==", True,
+NO_TOKEN_SCORED = Clue("no-token-scored", RunNumber("no_token_scored", "the mean_token_accuracy column"), "==", True,
                        "the token accuracy is exactly 0 from the first log on: no supervised token was scored",
                        "the token accuracy is above 0 from the first log: supervised tokens are scored", RARELY)
 LABEL_COLUMN = Clue("column:num_label_tokens", Column(("num_label_tokens",)), "==", True,

@@ -166,17 +166,18 @@ def _evidence(result: EngineResult, findings: list[Finding], onset: int | None) 
         if finding.code not in origins:
             origins[finding.code] = finding.location or _at(finding.step, ordinal)
     first = result.stats.first_step
+    loss, lr, grad_norm = _line(result, "loss"), _line(result, "lr"), _line(result, "grad_norm")
     return RunEvidence(facts=facts, origins=dict(result.facts.origin), events=dict(result.stats.events),
                        fired={f.code for f in findings}, measured=measured,
                        onset_at_start=onset is not None and first is not None and onset <= first + 1,
                        event_origins=dict(result.stats.event_origins), finding_origins=origins,
                        onset_origin=_at(onset, ordinal), steady_logs_before_onset=_steady_before(result, onset),
                        columns=frozenset(signal for signal, _ in result.series.series),
-                       train_losses_finite=_train_losses_finite(result),
-                       zero_norm_at_zero_lr=_zero_norm_at_zero_lr(result),
-                       grad_norm_grows=_grows_steadily(list(_line(result, "grad_norm").values())),
+                       train_losses_finite=_train_losses_finite(loss, result.stats.summary_nonfinite),
+                       zero_norm_at_zero_lr=_zero_norm_at_zero_lr(lr, grad_norm),
+                       grad_norm_grows=_grows_steadily(list(grad_norm.values())),
                        margins_all_zero=_all_zero(_line(result, "reward_margin")),
-                       loss_at_ln2=_all_at(_line(result, "loss"), math.log(2)),
+                       loss_at_ln2=_all_at(loss, math.log(2)),
                        no_token_scored=_zero_from_start(_line(result, "token_accuracy")))
 
 
@@ -187,12 +188,11 @@ def _line(result: EngineResult, signal: str) -> dict[int, float]:
     return dict(lines[0][1].points) if lines else {}
 
 
-def _train_losses_finite(result: EngineResult) -> bool | None:
+def _train_losses_finite(losses: dict[int, float], summary_nonfinite: bool) -> bool | None:
     """Every training loss is finite and non-zero, a run summary's included (its `train_loss` is training
     evidence though it names no step)."""
-    if result.stats.summary_nonfinite:
+    if summary_nonfinite:
         return False
-    losses = _line(result, "loss")
     if not losses:
         return None
     return all(math.isfinite(v) and v != 0.0 for v in losses.values())
@@ -231,8 +231,7 @@ def _all_at(line: dict[int, float], value: float) -> bool | None:
 _STUCK_LOGS = 3  # an LR of 0 on fewer logs can be a warmup's start
 
 
-def _zero_norm_at_zero_lr(result: EngineResult) -> bool | None:
-    lrs, norms = _line(result, "lr"), _line(result, "grad_norm")
+def _zero_norm_at_zero_lr(lrs: dict[int, float], norms: dict[int, float]) -> bool | None:
     beside = [norms[step] for step, lr in lrs.items() if lr == 0.0 and step in norms]
     return None if len(beside) < _STUCK_LOGS else all(norm == 0.0 for norm in beside)
 

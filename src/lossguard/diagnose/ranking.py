@@ -110,11 +110,9 @@ def _judge(rule: CauseRule, rivals: list[CauseRule | None], answers: list[_Answe
     issue = rule.issue
     cause = Cause(id=issue.id, title=issue.title, confidence=prior, fix=issue.fix, confirm=issue.confirm,
                   links=list(issue.sources))
-    answered = set()
     for answer in answers:
         mine = _chance(rule, answer)
         cause.confidence *= mine
-        answered.add(answer.clue.name)
         if rule.level(answer.clue) is None:
             continue  # the cause says nothing about it: no evidence either way
         others = [_chance(rival, answer) for rival in rivals]
@@ -128,8 +126,7 @@ def _judge(rule: CauseRule, rivals: list[CauseRule | None], answers: list[_Answe
             cause.shown |= mine >= OFTEN.p and max(others) <= RARELY.p
         elif mine * _CLEARLY <= average:
             cause.against.append(line)
-    open_asks = [ask.text for ask in rule.asks if not any(clue.name in answered or clue.judge(run)[0] is not None
-                                                        for clue in ask.clues)]
+    open_asks = [ask.text for ask in rule.asks if not any(clue.judge(run)[0] is not None for clue in ask.clues)]
     cause.decide = "; ".join(open_asks)
     return cause
 

@@ -1,8 +1,6 @@
-"""Typed conditions for ranking causes: what a condition reads is a typed subject, checked when the module
-that builds it loads, instead of a string key that silently never matches when it is misspelt.
-
-A `Condition` multiplies a cause's score by `factor` when it holds on a known value; unknown values change
-nothing. A factor above 1 is evidence *for* the cause, below 1 evidence *against* it.
+"""What the cause ranking reads about a run (`RunEvidence`) and the typed subjects a clue reads from it
+(diagnose/clues.py): each is checked when the module that builds it loads, instead of a string key that
+silently never matches when it is misspelt. A subject reads None when the inputs do not tell.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lossguard.core.facts import RunFacts
-from lossguard.knowledge.issue import VersionWindow
 
 FACT_NAMES = frozenset(f.name for f in fields(RunFacts) if f.name != "origin")
 _CODE = re.compile(r"^[A-Z]+[0-9]{3}$")
@@ -67,10 +64,6 @@ class Fact:
     def read(self, run: RunEvidence) -> Any:
         return run.facts.get(self.name)
 
-    @property
-    def label(self) -> str:
-        return self.name
-
     def origin(self, run: RunEvidence) -> str | None:
         return run.origins.get(self.name)
 
@@ -89,10 +82,6 @@ class Event:
     def read(self, run: RunEvidence) -> Any:
         return run.events.get(self.name) or None
 
-    @property
-    def label(self) -> str:
-        return f"log events {self.name!r}"
-
     def origin(self, run: RunEvidence) -> str | None:
         return run.event_origins.get(self.name)
 
@@ -109,10 +98,6 @@ class Fired:
 
     def read(self, run: RunEvidence) -> Any:
         return True if self.code in run.fired else None
-
-    @property
-    def label(self) -> str:
-        return f"finding {self.code} fired"
 
     def origin(self, run: RunEvidence) -> str | None:
         return run.finding_origins.get(self.code)
@@ -131,10 +116,6 @@ class Measured:
     def read(self, run: RunEvidence) -> Any:
         return run.measured.get((self.code, self.key))
 
-    @property
-    def label(self) -> str:
-        return f"{self.code} {self.key}"
-
     def origin(self, run: RunEvidence) -> str | None:
         return run.finding_origins.get(self.code)
 
@@ -145,10 +126,6 @@ class OnsetAtStart:
 
     def read(self, run: RunEvidence) -> Any:
         return run.onset_at_start
-
-    @property
-    def label(self) -> str:
-        return "onset at the first logged step"
 
     def origin(self, run: RunEvidence) -> str | None:
         return run.onset_origin
@@ -161,34 +138,8 @@ class SteadyBeforeOnset:
     def read(self, run: RunEvidence) -> Any:
         return run.steady_logs_before_onset
 
-    @property
-    def label(self) -> str:
-        return "steady loss logs before the onset"
-
     def origin(self, run: RunEvidence) -> str | None:
         return run.onset_origin and f"before {run.onset_origin}"
-
-
-@dataclass(frozen=True, slots=True)
-class NoneKnown:
-    """True when none of the named facts is known: the log says nothing about them (no config dump, no
-    `--config`), so causes that need them have no support at all."""
-
-    names: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        for name in self.names:
-            Fact(name)  # same name check
-
-    def read(self, run: RunEvidence) -> Any:
-        return all(run.facts.get(name) is None for name in self.names)
-
-    @property
-    def label(self) -> str:
-        return f"none of {', '.join(self.names)} known"
-
-    def origin(self, run: RunEvidence) -> str | None:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +161,6 @@ class AnyKnown:
         shown += [f"{code} {key}" for code, key in self.numbers if run.measured.get((code, key))]
         return ", ".join(shown[:3]) if shown else False
 
-    @property
-    def label(self) -> str:
-        return f"any of {', '.join(self.names + tuple(f'{c} {k}' for c, k in self.numbers))} known"
-
     def origin(self, run: RunEvidence) -> str | None:
         return next((run.origins[name] for name in self.names if run.facts.get(name) is not None
                      and name in run.origins), None)
@@ -228,10 +175,6 @@ class Column:
     def read(self, run: RunEvidence) -> Any:
         return True if run.columns.intersection(self.signals) else None
 
-    @property
-    def label(self) -> str:
-        return f"the log's {' / '.join(self.signals)} column"
-
     def origin(self, run: RunEvidence) -> str | None:
         return None
 
@@ -241,7 +184,6 @@ class RunNumber:
     """A property of the run's logged columns that the diagnosis computes (a RunEvidence field)."""
 
     name: str
-    text: str
     where: str = ""  # the columns it is computed from, as the evidence line's location
 
     def __post_init__(self) -> None:
@@ -250,10 +192,6 @@ class RunNumber:
 
     def read(self, run: RunEvidence) -> Any:
         return getattr(run, self.name)
-
-    @property
-    def label(self) -> str:
-        return self.text
 
     def origin(self, run: RunEvidence) -> str | None:
         return self.where or None
@@ -271,15 +209,11 @@ class EvalOnlyNonfinite:
             return None
         return bool(on_eval) and run.train_losses_finite
 
-    @property
-    def label(self) -> str:
-        return "only the evaluation loss is non-finite"
-
     def origin(self, run: RunEvidence) -> str | None:
         return run.finding_origins.get("LOSS001")
 
 
-Subject = (Fact | Event | Fired | Measured | OnsetAtStart | SteadyBeforeOnset | NoneKnown | AnyKnown | Column | RunNumber
+Subject = (Fact | Event | Fired | Measured | OnsetAtStart | SteadyBeforeOnset | AnyKnown | Column | RunNumber
            | EvalOnlyNonfinite)
 _OPS = {
     "==": lambda actual, expected: actual == expected,
@@ -288,66 +222,12 @@ _OPS = {
     "<=": lambda actual, expected: isinstance(actual, (int, float)) and actual <= expected,
     "endswith": lambda actual, expected: str(actual).endswith(expected),
     "inside": lambda actual, expected: expected.contains(str(actual)),
-    "outside": lambda actual, expected: _negate(expected.contains(str(actual))),
+    # A subject that reads a description of what it found, or False (AnyKnown): found or not.
+    "found": lambda actual, expected: bool(actual) == expected,
 }
-
-
-def _negate(value: bool | None) -> bool | None:
-    return None if value is None else not value
+OPS = frozenset(_OPS)
 
 
 def compare(op: str, actual: Any, expected: Any) -> bool | None:
-    """`actual OP expected`; None where it cannot be told (a version a window cannot place). An AnyKnown
-    subject reads a description when something is known: that compares as True."""
-    if op == "==" and expected is True and isinstance(actual, str):
-        return True
+    """`actual OP expected`; None where it cannot be told (a version a window cannot place)."""
     return _OPS[op](actual, expected)
-
-
-@dataclass(frozen=True, slots=True)
-class Condition:
-    subject: Subject
-    op: str
-    value: Any
-    factor: float
-    reason: str = ""  # "{value}" is the subject's value; empty: counts, never shown
-
-    def __post_init__(self) -> None:
-        if self.op not in _OPS:
-            raise ValueError(f"unknown condition operator {self.op!r}; one of {sorted(_OPS)}")
-        if (self.op in ("inside", "outside")) != isinstance(self.value, VersionWindow):
-            raise ValueError(f"{self.op!r} compares a version with a VersionWindow, got {self.value!r}")
-        if not self.factor > 0 or self.factor == 1:
-            raise ValueError(f"factor must be > 0 and != 1, got {self.factor}")
-
-    @property
-    def supports(self) -> bool:
-        return self.factor > 1
-
-    def judge(self, run: RunEvidence) -> tuple[bool | None, Any]:
-        """(holds?, the value read); holds is None when the value is unknown."""
-        actual = self.subject.read(run)
-        if actual is None:
-            return None, None
-        return _OPS[self.op](actual, self.value), actual
-
-    def describe(self) -> str:
-        """The test in words, for `lossguard explain` and docs/causes.md."""
-        label = self.subject.label
-        if self.value is True and self.op == "==" and not isinstance(self.subject, Fact):
-            return label
-        shown = {"==": "is", "inside": "in", "outside": "not in", "endswith": "ends with"}.get(self.op, self.op)
-        return f"{label} {shown} {self.value}"
-
-    def explain(self, actual: Any, run: RunEvidence) -> str:
-        origin = self.subject.origin(run)
-        return self.reason.format(value=actual) + (f" [{origin}]" if origin else "")
-
-
-def inside(window: VersionWindow, factor: float, reason: str) -> Condition:
-    """The run's version of the window's package is in the window."""
-    return Condition(Fact(window.fact), "inside", window, factor, reason)
-
-
-def outside(window: VersionWindow, factor: float, reason: str) -> Condition:
-    return Condition(Fact(window.fact), "outside", window, factor, reason)
