@@ -123,6 +123,20 @@ def test_grad006_death_every_grpo_record_with_equal_rewards_is_broken(tmp_path):
     assert (d.verdict, d.signature) == ("broken", "no-grad-flow")
 
 
+def test_grad006_without_reward_spread_columns_says_neither_reading(tmp_path):
+    """A GRPO log with reward and KL but no reward_std / frac_reward_zero_std: nothing says whether the rewards
+    varied, so the finding must not claim they did, and no RL cause is decided (the report asks for them)."""
+    rows = [{"loss": 0.0, "grad_norm": 0.0, "learning_rate": 1e-6, "reward": 0.4 + (i % 3) / 10,
+             "kl": 0.0, "epoch": i / 21} for i in range(21)]
+    d = _analyze(tmp_path, _rows(rows))
+    assert (d.verdict, d.signature) == ("broken", "no-grad-flow")
+    text = next(f.message for f in d.findings if f.code == "GRAD006")
+    assert "vary" not in text and "reward_std" in text, text
+    rl = [c for c in d.causes if c.id in ("rl-zero-advantage", "rl-update-lost")]
+    assert rl and all(c.likelihood != "likely" for c in rl), [(c.id, c.likelihood) for c in d.causes]
+    assert all("reward_std" in c.decide for c in rl), [c.decide for c in rl]
+
+
 # -- LOSS010: a plateau at ln 10 that is no 10-way guess -------------------------------------------------------
 
 def test_loss010_twin_an_lm_plateau_at_ln_10_logged_mid_run_is_not_chance(tmp_path):

@@ -24,7 +24,8 @@ class RlZeroUpdate(DetectorBase):
     predicts = {
         "grad_norm": "exactly 0 as the run's state: log after log to the end of the log (a norm that is 0 in a "
                      "few logs among non-zero ones is an event, one group's batch, not the run's state)",
-        "reward_std": "0, or frac_reward_zero_std 1 (degenerate rewards), or varying (the gradient is lost)",
+        "reward_std": "0, or frac_reward_zero_std 1 (degenerate rewards), or varying (the gradient is lost); "
+                      "absent: the two readings stay open",
         "reward": "no trend: a policy that is not updated does not improve",
         "kl": "0 or constant (the policy stays the reference)",
         "loss": "0.0 or beta * KL (an RL loss is no cross-entropy)",
@@ -47,9 +48,16 @@ class RlZeroUpdate(DetectorBase):
                 f"grad_norm is exactly 0 at step {record.step} and every group's rewards are equal ({shown}): "
                 "every advantage is 0, so the policy gradient vanishes and the step changes nothing",
                 record.step, record.rank, degenerate_rewards=1)
-        detail = f" (reward_std {std:g})" if std is not None else ""
+        if std is None and zero_std is None:
+            # Nothing says whether the groups' rewards differed: both readings stay open, and the report asks
+            # for the column that decides (the measurement is left unknown, never taken as "they vary").
+            return self.emit(
+                f"grad_norm is exactly 0 at step {record.step}: the step changes nothing; the log has no "
+                "reward_std or frac_reward_zero_std to tell equal rewards in every group (every advantage 0) "
+                "from a gradient lost on its way to the weights", record.step, record.rank)
+        shown = f"reward_std {std:g}" if std is not None else f"frac_reward_zero_std {zero_std:g}"
         return self.emit(
-            f"grad_norm is exactly 0 at step {record.step} although the rewards vary{detail}: the policy "
+            f"grad_norm is exactly 0 at step {record.step} although the rewards vary ({shown}): the policy "
             "gradient never reaches the trainable weights (frozen parameters, or an engine bug such as an old "
             "DeepSpeed ZeRO version)", record.step, record.rank, degenerate_rewards=0)
 
