@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  # noqa: E402
 
-SCENARIOS = ["shift-plain", "shift-recover", "hard-plain", "hard-recover", "fp16-plain", "fp16-guard",
-             "fp16-recover", "diverge-plain", "diverge-recover"]
+SCENARIOS = ["shift-plain", "shift-recover", "shift-halt", "hard-plain", "hard-recover", "fp16-plain", "fp16-guard",
+             "fp16-recover", "diverge-plain", "diverge-recover", "diverge-halt"]
 SHIFT_AT, HARD_EVERY = 81, 35  # noharm_job.py
 
 
@@ -95,3 +95,37 @@ def test_a_run_diverging_from_its_second_step_is_held_then_halted(job):
     assert [e["reason"] for e in events if e["type"] == "halt"] == ["recovery-budget"] * 2
     plain = ranks["diverge-plain"][0]
     assert plain["halted_at"] is None and max(plain["losses"][1:]) > 1000 * plain["losses"][0]
+
+
+def _events(out, name: str, kind: str) -> list[dict]:
+    return [line for r in (0, 1) for line in map(json.loads, (out / name / "events" / f"events-rank{r}.jsonl")
+                                                  .read_text().splitlines()) if line["type"] == kind]
+
+
+def test_halt_on_broken_lets_a_switch_to_harder_data_train_on(job):
+    """Guard(halt_on="broken") without recovery: the leap at the switch is reported at once as a divergence
+    (LOSS005), but the halt waits for the logs that could refute it; the model learns the new task, the loss
+    comes back down, so no rank halts and the run trains exactly as without lossguard."""
+    out, ranks = job
+    for mine, plain in zip(ranks["shift-halt"], ranks["shift-plain"], strict=True):
+        assert mine["halted_at"] is None and mine["losses"] == plain["losses"]
+    assert _same_weights(out, "shift-halt", "shift-plain")
+    waived = _events(out, "shift-halt", "halt-waived")
+    assert [(e["code"], e["finding_step"]) for e in waived] == [("LOSS005", waived[0]["finding_step"])] * 2
+    assert waived[0]["finding_step"] >= SHIFT_AT and "learn" in waived[0]["why"]
+    summary = json.loads((out / "shift-halt" / "summary.json").read_text())
+    assert [f["severity"] for f in summary["findings"] if f["code"] == "LOSS005"] == ["warning"]
+    assert analyze_json(out / "shift-halt" / "events")["verdict"] != "broken"
+
+
+def test_halt_on_broken_still_stops_a_real_divergence(job):
+    """The twin: Adam at LR 30 diverges from step 2 and stays in the hundreds; the waiting halt finds nothing
+    against it and stops every rank at the same step, within the wait (LOSS005.settle_logs) of the finding."""
+    out, ranks = job
+    from lossguard.detectors.trends import LossDivergence
+    halts = {r["halted_at"] for r in ranks["diverge-halt"]}
+    assert len(halts) == 1 and None not in halts
+    halted = halts.pop()
+    assert halted <= 2 + LossDivergence._JUMP_STREAK + LossDivergence.settle_logs
+    assert _events(out, "diverge-halt", "halt-waived") == []
+    assert [e["codes"] for e in _events(out, "diverge-halt", "halt")] == [["LOSS005"]] * 2

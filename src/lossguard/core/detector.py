@@ -80,6 +80,15 @@ class Detector:
     show (`loss`, `grad_norm`, `lr`, `eval_loss`, `reward`, `loss_scale`, ...). A detector whose finding can
     call a run broken declares it, and `review` keeps the verdict only while no column contradicts it."""
 
+    settle_logs: int = 0
+    """Logs after its finding within which a column may still contradict it (a loss that comes back down):
+    a live halt on the finding waits for them and halts only if `review` then finds no contradiction. 0: the
+    finding halts at once (a non-finite loss needs no second look)."""
+
+    def contradiction(self) -> str | None:
+        """What a column of this log shows against the fired finding's mechanism, or None."""
+        return None
+
     def review(self) -> None:
         """Called by the engine once, after every detector's `finish`: where a column the log shows
         contradicts what this detector's finding claims, the finding stops calling the run broken."""

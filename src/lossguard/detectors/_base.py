@@ -228,10 +228,6 @@ class DetectorBase(Detector):
             self.fired.data["occurrences"] = self.count
         return []
 
-    def contradiction(self) -> str | None:
-        """What a column of this log shows against the fired finding's mechanism, or None."""
-        return None
-
     def review(self) -> None:
         fired = self.fired
         if fired is None or fired.severity < Severity.ERROR or (why := self.contradiction()) is None:

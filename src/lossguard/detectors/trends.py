@@ -233,6 +233,11 @@ class LossFlatTinyGrad(LossNotLearning):
             flat.first_step, rank, start=start, end=end, mean_grad_norm=grad)
 
 
+# Batch-to-batch spread (of the loss's mean) over the last logs under which the loss is one value whatever
+# the batch: a model at chance. A model that reads its data scores every batch differently.
+_READS_DATA = 0.01
+
+
 @register
 class LossDivergence(TrendDetector):
     """LOSS005: the loss climbs far above where it started (over twice the lowest of the first logs and
@@ -262,32 +267,60 @@ class LossDivergence(TrendDetector):
     demoted = Severity.WARNING  # the jump is real and worth a look; the dead run it stood for is not
     _STREAK = 5
     _JUMP_STREAK = 2  # logs in a row that are far (the profile's FAR_FACTOR and FAR_ABOVE)
+    # A switch to harder data looks like a divergence for its first logs; a model learning it brings the
+    # loss down within a few dozen steps, weights thrown out of their basin do not. A live halt waits this
+    # long for that column to speak (the finding itself is reported at once).
+    settle_logs = 20
 
     def __init__(self) -> None:
         super().__init__()
         self._peak: dict[int | None, float] = {}  # each rank's highest loss among its high ones
+        self._peak_seq: dict[int | None, int] = {}  # its number among the rank's losses
+        self._onset_seq: dict[int | None, int] = {}  # the number of the first loss of the run that fired
 
     def contradiction(self) -> str | None:
         flat = self.profile.get(self.fired.rank)
         peak = self._peak.get(self.fired.rank)
-        if flat is None or peak is None or flat.high_run or len(flat.tail) < flat.tail.maxlen:
+        if flat is None or peak is None or len(flat.tail) < flat.tail.maxlen:
+            return None
+        # Where the run started: its first logs before the rise (a run that diverges from its second step
+        # has its blow-up among its first logs, and a start that includes it would be the blow-up's).
+        before = flat.head[:max(self._onset_seq.get(self.fired.rank, 1) - 1, 0)]
+        if not before:
+            return None
+        start, last, logs = sum(before) / len(before), sum(flat.tail) / len(flat.tail), len(flat.tail)
+        # Both readings need the loss to have risen above the start first: a "divergence" that never did is
+        # judged against one low outlier (a made-up loss), and its way back says nothing.
+        if not peak > start > 0:
             return None
         # Back under where the run started, not merely under the divergence threshold: weights thrown out
         # of their basin settle at chance (ln of the vocabulary), which can sit under twice the start.
-        # And up from it first: a "divergence" that never rose above the start is judged against one low
-        # outlier (a made-up loss), and its way back says nothing.
-        start, last = sum(flat.head) / len(flat.head), sum(flat.tail) / len(flat.tail)
-        if last >= start or peak <= start:
-            return None
-        return (f"the loss came back down from its peak {peak:.4g} to {last:.4g} over its last {len(flat.tail)} "
-                f"logs, under the {start:.4g} the run started at: the weights found their way back, as after "
-                "a warmup overshoot or a switch to data the model then learns")
+        if not flat.high_run and last < start:
+            return (f"the loss came back down from its peak {peak:.4g} to {last:.4g} over its last {logs} logs, "
+                    f"under the {start:.4g} the run started at: the weights found their way back, as after a "
+                    "warmup overshoot or a switch to data the model then learns")
+        # Learning new data: more than half of the way back from the peak to the lowest loss before it, under
+        # twice the start, and varying from batch to batch as a model that reads its data does. Weights
+        # thrown out of their basin may come down from a first blow-up (thousands to hundreds) but stay far
+        # above the start, or sit at chance: ln of the vocabulary on every batch alike, whatever the data.
+        # Every one of the last logs comes after the peak: a way down, not the climb up to it.
+        after_peak = self._peak_seq[self.fired.rank] <= flat.num - logs
+        reads_data = max(flat.tail) - min(flat.tail) > _READS_DATA * last
+        if after_peak and reads_data and last < min(2.0 * start, start + 2.0) \
+                and last < peak - 0.5 * (peak - flat.minimum):
+            return (f"the loss came down from its peak {peak:.4g} to {last:.4g} over its last {logs} logs, more "
+                    f"than half of the way back and under twice the {start:.4g} the run started at: the model is "
+                    "learning what made it jump (new or harder data); weights thrown out of their basin stay out")
+        return None
 
     def judge(self, record: Record, mark: TrendMark) -> list[Finding]:
         if not mark.high:
             return []
-        self._peak[record.rank] = max(mark.loss, self._peak.get(record.rank, mark.loss))
+        if mark.loss >= self._peak.get(record.rank, mark.loss):
+            self._peak[record.rank], self._peak_seq[record.rank] = mark.loss, mark.seq
         (count, since), (far, far_since) = mark.high_run, mark.far_run  # runs of consecutive losses
+        if self.fired is None and (far >= self._JUMP_STREAK or count >= self._STREAK):
+            self._onset_seq[record.rank] = mark.seq - (far if far >= self._JUMP_STREAK else count) + 1
         if far >= self._JUMP_STREAK:
             return self.emit(f"loss jumped from about {mark.reference:.3g} to {mark.loss:.3g} at step "
                              f"{far_since} and stayed above three times its start for {far} logs: an "

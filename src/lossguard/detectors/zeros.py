@@ -80,13 +80,15 @@ class MaskedLabels(DetectorBase):
             return []
         tokens = record.signals.get("num_label_tokens")
         loss, grad = record.signals.get("loss"), record.signals.get("grad_norm")
-        if grad is not None and (tokens == 0 or loss is None or is_rl(record)):
+        # A count of supervised tokens above 0 (the live guard's) is a supervised batch: a loss and norm of
+        # exactly 0 beside it are a saturated model's (memorised, or weights blown up), never masked labels.
+        if grad is not None and (tokens is not None or loss is None or is_rl(record)):
             self._both_zero.end(record.rank)  # a log with a grad norm that is not part of the run
         if tokens is not None and tokens == 0:
             return self.emit(
                 f"rank {record.rank} had 0 supervised tokens (all labels are -100) at step {record.step}",
                 record.step, record.rank, evidence="num_label_tokens == 0")
-        if loss is None or is_rl(record):
+        if tokens is not None or loss is None or is_rl(record):
             return []  # an RL trainer's loss is a policy objective, legitimately 0.0 (GRAD006 judges it)
         if loss == 0.0 and self._first_zero_loss is None and not (is_nonfinite(grad) or sentinel_index(grad)):
             # a zero beside a NaN or sentinel norm is the NaN filter's, not a masked batch's

@@ -25,6 +25,7 @@ from lossguard.detectors import make_detectors
 from lossguard.monitor import deferred, dist, first_step, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
+from lossguard.monitor.settle import Settling
 from lossguard.monitor.recover import Gate, Hold
 from lossguard.monitor.sinks import (
     JsonlSink,
@@ -48,6 +49,7 @@ class Monitor:
         self.optimizer = optimizer
         self.engine = Engine(make_detectors() if options.detectors is None else options.detectors)
         self.rules = halt_rules(options.halt_on)
+        self.settling = Settling(self.engine.detectors)  # halts that wait for a column to contradict them
         self.halted_at: int | None = None
         # recover=True: the commit gate (monitor/recover.py); `held`: its last decision (None: committed)
         self.gate = Gate(options.recovery) if options.recovery is not None else None
@@ -158,7 +160,9 @@ class Monitor:
             else:  # committed, or the budget is spent: the step goes to the detectors as without recovery
                 found += self.analyse_rows(step, rows, leading, seen) if rows is not None else \
                     self.analyse_summary(step, seen, own)
-            hits = should_halt(self.rules, found) or (found if getattr(hold, "give_up", False) else [])
+            hits, refuted = self.settling.due(should_halt(self.rules, found))
+            self._say_refuted(step, refuted)
+            hits = hits or (found if getattr(hold, "give_up", False) else [])
         except Exception as exc:
             self._fail(exc, "analysis")
         if self._measured(step + 1) and not self._measured(step):  # else `ratios` kept this step's sample
@@ -360,6 +364,16 @@ class Monitor:
                 say(format_finding(finding))
             if self.webhook is not None and at_least(finding, self.options.webhook_min_severity):
                 self.webhook.send(format_finding(finding))
+
+    def _say_refuted(self, step: int, refuted: list[tuple[Finding, str]]) -> None:
+        """A halt that waited for its finding to settle, and the logs since refuted it: the run goes on."""
+        for finding, why in refuted:
+            if self.jsonl is not None:
+                self.jsonl.write({"type": "halt-waived", "step": step, "code": finding.code,
+                                  "finding_step": finding.step, "why": why})
+            if self.rank == 0:
+                say(f"lossguard: step {step}: no halt on {finding.code} ({finding.signature or finding.name}) "
+                    f"from step {finding.step}: {why}")
 
     def _announce_halt(self, step: int, hits: list[Finding], hold: Hold | None = None) -> None:
         codes = ", ".join(sorted({f"{f.code} ({f.signature or f.name})" for f in hits}))

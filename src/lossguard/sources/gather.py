@@ -42,6 +42,10 @@ class Gathering:
     guard_off: list[str] = field(default_factory=list)  # the live guard stopped analysing: "at step N: why"
     recoveries: list[dict] = field(default_factory=list)  # steps the live guard recovered (the report's `recoveries`)
     events_first_step: int | None = None  # the first step in the events dir read beside a lone log
+    # That dir's committed losses by step and its name: its recoveries count only once the log's own losses
+    # match them (`_without_recovered`); another run's dir in the same folder does not.
+    events_losses: dict[int, float] = field(default_factory=dict)
+    events_dir: str = ""
     notes: list[str] = field(default_factory=list)  # which run of a tracker's store was read (the CLI: stderr)
     counts: ScanCounts = field(default_factory=ScanCounts)
     _spool: tempfile.TemporaryDirectory | None = None
@@ -138,11 +142,13 @@ def _recoveries_beside(files: list[Path], gathering: Gathering) -> None:
                                    + "): none was read for its recoveries; pass the run's own with the log")
         return
     (events,) = dirs
-    from lossguard.sources.lossguard_events import recoveries_in
+    from lossguard.sources.lossguard_events import committed_losses, recoveries_in
 
-    found, gathering.events_first_step = recoveries_in(sorted(events.glob("events-rank*.jsonl")))
+    files = sorted(events.glob("events-rank*.jsonl"))
+    found, gathering.events_first_step = recoveries_in(files)
     if found:
         gathering.recoveries.extend(found)
+        gathering.events_losses, gathering.events_dir = committed_losses(files), str(events)
         gathering.used.append(f"{events} (the live guard's recovery lines)")
 
 
@@ -279,6 +285,8 @@ def _without_recovered(records: Iterable[Record], gathering: Gathering | None) -
     Trainer's NaN filter even logs a made-up loss there, which would read as a drop and a divergence."""
     recovered = {r.get("step") for r in gathering.recoveries} if gathering is not None else set()
     shift = None
+    if gathering is not None and gathering.events_losses:
+        records = _tied(records, gathering)
     for record in records:
         if shift is None and record.kind == TRAIN and record.step is not None:
             shift = _shift(record.step, gathering)
@@ -286,6 +294,51 @@ def _without_recovered(records: Iterable[Record], gathering: Gathering | None) -
         if recovered and record.kind != EVENT and record.step in recovered:
             continue
         yield record
+
+
+# The log's first training records compared with the events dir found beside it, and how close a loss must
+# be to count as the same (a log prints 4 decimals, or 4 significant digits).
+_TIE_RECORDS, _TIE_REL, _TIE_ABS = 40, 1e-3, 6e-5
+
+
+def _tied(records: Iterable[Record], gathering: Gathering) -> Iterator[Record]:
+    """The log's records, unchanged; on the way, its first training losses are compared with the events
+    dir's at the same steps: rank 0's, the ranks' mean (what the Trainer logs), or that mean over the steps
+    since the log's previous record (a Trainer logging every N steps). Unless most of those that share a
+    step agree (and at least one does), the dir is another run's: its recoveries are dropped before any
+    record is judged, and the report says why."""
+    losses, held, compared, agreed, shift, previous = gathering.events_losses, [], 0, 0, None, None
+    records = iter(records)
+    for record in records:
+        held.append(record)
+        loss = record.signals.get("loss") if record.kind == TRAIN else None
+        if loss is None or record.step is None:
+            continue
+        shift = _shift(record.step, gathering) if shift is None else shift
+        step = record.step + shift
+        if step in losses:
+            compared += 1
+            agreed += any(math.isclose(loss, theirs, rel_tol=_TIE_REL, abs_tol=_TIE_ABS)
+                          for theirs in _as_logged(losses, step, previous))
+        previous = step
+        if sum(r.kind == TRAIN for r in held) >= _TIE_RECORDS:
+            break
+    if not (agreed and 2 * agreed > compared):
+        gathering.recoveries.clear()
+        gathering.used = [u for u in gathering.used if not u.startswith(gathering.events_dir + " ")]
+        gathering.notes.append(f"{gathering.events_dir}: a lossguard events dir beside the log, of another run "
+                               f"(its losses match the log's at {agreed} of {compared} shared steps): not read")
+    yield from held
+    yield from records
+
+
+def _as_logged(losses: dict[int, list[float]], step: int, previous: int | None) -> list[float]:
+    """What a log may show for `step` from the events' per-rank losses: rank 0's, the ranks' mean, and the
+    mean of the ranks' means over the steps since the log's previous record."""
+    first = previous + 1 if previous is not None and previous < step else step
+    means = {s: sum(v) / len(v) for s in range(first, step + 1) if (v := losses.get(s))}
+    here = losses[step]
+    return [here[0], means[step], sum(means.values()) / len(means)]
 
 
 def _shift(first_step: int, gathering: Gathering | None) -> int:

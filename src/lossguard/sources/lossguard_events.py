@@ -9,6 +9,8 @@ so the detectors see exactly what they saw live (a held step never reached them)
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +120,28 @@ def recoveries_in(paths: list[Path]) -> tuple[list[dict], int | None]:
             continue
     steps = [s for s in (first, min(found, default=None)) if s is not None]
     return [found[step] for step in sorted(found)], min(steps, default=None)
+
+
+def committed_losses(paths: list[Path], limit: int = 400) -> dict[int, list[float]]:
+    """{step: every rank's loss} of the first `limit` steps' training records in a run's events files: what
+    ties an events dir found beside a log to that log (the same losses at the same steps)."""
+    losses: dict[int, list[float]] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                for line in handle:
+                    if b'"kind":"train"' not in line:
+                        continue
+                    obj = _decoded(line)
+                    step, signals = _int(obj.get("step")), obj.get("signals")
+                    if step is None or not isinstance(signals, dict):
+                        continue
+                    loss = signals.get("loss")
+                    if isinstance(loss, (int, float)) and math.isfinite(loss) and (step in losses or len(losses) < limit):
+                        losses.setdefault(step, []).append(float(loss))
+        except OSError:
+            continue
+    return losses
 
 
 def _decoded(line: bytes) -> dict:

@@ -4,7 +4,8 @@
     torchrun --nproc_per_node 2 noharm_job.py OUT_DIR SCENARIO [SCENARIO ...]
 
 Scenario names: CASE-ARM. ARM: `plain` (no lossguard), `recover` (Guard(recover=True), `commit` before the
-step), `guard` (fp16 only: Guard without recover, `step` after the step, halt_on="error"). CASE:
+step), `guard` (fp16 only: Guard without recover, `step` after the step, halt_on="error"), `halt` (Guard
+without recover, `step` after the step, halt_on="broken"; the diverge case then runs DIVERGE_HALT_STEPS). CASE:
   shift    SHIFT_STEPS steps of an easy task (each token's successor is the next token), then from SHIFT_AT a
            harder one (a different successor map): the loss leaps and stays high while the run learns it;
   hard     HARD_STEPS steps of the easy task with one batch of the other task every HARD_EVERY steps;
@@ -30,6 +31,7 @@ import tiny  # noqa: E402
 
 VOCAB, SEQ = recover_job.VOCAB, recover_job.SEQ
 SHIFT_STEPS, SHIFT_AT, HARD_STEPS, HARD_EVERY, FP16_STEPS, DIVERGE_STEPS = 120, 81, 80, 35, 20, 12
+DIVERGE_HALT_STEPS = 40  # a halt on a divergence waits for the logs that could refute it (LOSS005.settle_logs)
 
 
 def sequences(seed: int, hard: bool, rows: int = 4) -> dict[str, torch.Tensor]:
@@ -56,9 +58,12 @@ def run(out_dir: str, name: str) -> None:
     fp16 = case == "fp16"
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24) if fp16 else None
     steps = {"shift": SHIFT_STEPS, "hard": HARD_STEPS, "fp16": FP16_STEPS, "diverge": DIVERGE_STEPS}[case]
+    if case == "diverge" and arm == "halt":
+        steps = DIVERGE_HALT_STEPS
+    halt_on = {"halt": "broken", "guard": "error"}.get(arm)
     guard = None if arm == "plain" else lossguard.Guard(
         model, optimizer, **({"scaler": scaler} if fp16 else {}), events_dir=os.path.join(work, "events"), console=rank == 0,
-        recover=arm == "recover", **({"halt_on": "error"} if fp16 else {}))
+        recover=arm == "recover", **({"halt_on": halt_on} if halt_on else {}))
     out: dict = {"losses": [], "commits": [], "halted_at": None, "scales": []}
     try:
         for step in range(1, steps + 1):
@@ -72,13 +77,13 @@ def run(out_dir: str, name: str) -> None:
                 out["scales"].append(scaler.get_scale())
             else:
                 loss.backward()
-            ok = True if guard is None or arm == "guard" else guard.commit(loss=loss, labels=batch["labels"])
+            ok = True if guard is None or arm in ("guard", "halt") else guard.commit(loss=loss, labels=batch["labels"])
             out["commits"].append(ok)
             if ok:
                 scaler.step(optimizer) if scaler is not None else optimizer.step()
             if scaler is not None:
                 scaler.update()
-            if arm == "guard":
+            if arm in ("guard", "halt"):
                 guard.step(loss=loss, labels=batch["labels"])
             optimizer.zero_grad()
     except lossguard.LossguardHalt as halt:
