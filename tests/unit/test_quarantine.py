@@ -128,3 +128,13 @@ def test_a_namedtuple_batch_is_rebuilt_as_itself():
     Pair = namedtuple("Pair", "ids target")
     cut = quarantine.select(Pair(torch.arange(6).reshape(3, 2), torch.arange(3)), [2])
     assert isinstance(cut, Pair) and cut.ids.tolist() == [[4, 5]] and cut.target.tolist() == [2]
+
+
+def test_a_shedder_hands_out_the_last_batch_let_through_in_place_of_an_empty_one():
+    held = quarantine.Quarantine(None)
+    poison, healthy = (torch.tensor([[9, 9]]), torch.tensor([[9, 9]])), (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]))
+    held.add(quarantine.identities(poison, [0], step=1, rank=0, why="test"), write=False)
+    shed = quarantine.Shedder(held)
+    assert shed(poison) == (poison, True)  # nothing let through yet: the empty batch itself
+    assert shed(healthy) == (healthy, False)
+    assert shed(poison) == (healthy, True)  # the poisoned sample never runs again

@@ -101,6 +101,7 @@ class Guard:
         self.monitor = Monitor(options, model, optimizer=optimizer, facts=facts, entry=entry)
         self.num_steps = 0
         self.quarantine = quarantine.Quarantine(options.events_dir)
+        self._shed = quarantine.Shedder(self.quarantine)
         self._rng: dict[str, Any] | None = None  # the RNG state the last batch of `batches` was handed out with
         self.scheduler = None
         self.scaler = None  # a dynamic loss scaler (torch.amp GradScaler): see `__init__`
@@ -112,13 +113,13 @@ class Guard:
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches, each without its quarantined samples, the RNG state recorded as it is handed
-        out (what a replay restores). A batch whose every sample is quarantined still comes out whole (its
-        labels masked where it has them: the ranks must run the step together), and with `recover` on
+        out (what a replay restores). In place of a batch whose every sample is quarantined a stand-in comes
+        out (the last batch let through: the ranks must run the step together), and with `recover` on
         `commit` then returns False on every rank: the step is skipped alike everywhere, no recovery, no
-        budget (monitor/quarantine.py `shed`)."""
+        budget (monitor/quarantine.py `Shedder`)."""
         for batch in loader:
             self.handed += 1
-            batch, emptied = quarantine.shed(batch, self.quarantine)
+            batch, emptied = self._shed(batch)
             if emptied and self.monitor.gate is not None:  # told to every rank in the step's exchange
                 self.monitor.emptied = True
             if self.monitor.gate is not None:

@@ -166,11 +166,8 @@ class Quarantine:
 
 
 def shed(batch: Any, held: Quarantine) -> tuple[Any, bool]:
-    """(`batch` without its quarantined samples, whether none was left). A batch left empty still comes
-    out whole, its labels masked where it has them: every rank runs the step's forward and backward (under
-    DDP the backward all-reduces: a rank that skipped it alone would leave the others waiting), and the
-    caller says in the step's exchange that its batch was empty, so that every rank skips that step alike
-    (monitor/recover.py). Masked, the stand-in also teaches nothing where no gate skips the step."""
+    """(`batch` without its quarantined samples, whether none was left). A batch left empty comes back
+    whole, its labels masked where it has them (`Shedder` hands out a stand-in instead)."""
     keep = held.kept(batch)
     if keep:
         return select(batch, keep), False
@@ -179,6 +176,27 @@ def shed(batch: Any, held: Quarantine) -> tuple[Any, bool]:
     if isinstance(batch, Mapping) and isinstance(batch.get("labels"), torch.Tensor):
         batch = rebuilt(batch, {**batch, "labels": torch.full_like(batch["labels"], -100)}.items())
     return batch, True
+
+
+class Shedder:
+    """The batches of one loop without their quarantined samples. A batch left empty is replaced by a
+    stand-in: the last batch this shedder let through on this rank (a quarantined sample never runs again),
+    else the empty one whole, its labels masked. Every rank still runs the step's forward and backward
+    (under DDP the backward all-reduces: a rank that skipped it alone would leave the others waiting); the
+    caller says in the step's exchange that its batch was empty, and every rank skips that step alike
+    (monitor/recover.py). Keeps one batch alive between steps: the last one let through."""
+
+    def __init__(self, held: Quarantine) -> None:
+        self.held = held
+        self.last: Any = None
+
+    def __call__(self, batch: Any) -> tuple[Any, bool]:
+        """(the batch to hand out, whether this rank's batch was left empty)."""
+        out, emptied = shed(batch, self.held)
+        if not emptied:
+            self.last = out
+            return out, False
+        return (self.last if self.last is not None else out), True
 
 
 def without_quarantined(batch: Any, held: Quarantine) -> Any:

@@ -211,8 +211,9 @@ class Attachment:
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches without the samples a `sample` recovery quarantined (this run's, and those in
         the events dir's `quarantine.jsonl` from before a resume): `for batch in guard.batches(loader):`."""
+        shed = quarantine.Shedder(self.quarantine)
         for batch in loader:
-            batch, emptied = quarantine.shed(batch, self.quarantine)
+            batch, emptied = shed(batch)
             if emptied and self.monitor.gate is not None:  # told to every rank in the step's exchange
                 self.monitor.emptied = True
             yield batch

@@ -36,6 +36,7 @@ class Capture:
 
     def __init__(self, held: Quarantine | None = None) -> None:
         self.held = held
+        self.shed = quarantine.Shedder(held) if held is not None else None
         self.batch: dict[str, Any] | None = None
         self.rng: dict[str, Any] | None = None
         self.forwards = 0  # training forwards since the last step
@@ -47,7 +48,7 @@ class Capture:
             return None
         changed = None
         if self.held is not None and not args and kwargs:
-            kept, emptied = quarantine.shed(kwargs, self.held)
+            kept, emptied = self.shed(kwargs)
             self.emptied = self.emptied or emptied  # every rank skips the step (EngineGate)
             if kept is not kwargs:
                 kwargs = changed = dict(kept)
