@@ -65,8 +65,8 @@ ACTIONS = {
     "accumulated": "held: gradient accumulation, not replayed (a replay recomputes one micro-batch: committing "
                    "it alone would change the run); the step held",
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
-    "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
-            "gradients do): the state is bad, not the data; the step held",
+    "held": "held: replayed, the fault came back and no sample accounts for it (every sample of a batch fails, "
+            "or the gradients do): the state is bad, not the data; the step held",
     "jump": "held: replayed, the loss jumped far above the run's spread again; the batch dropped, the step held",
 }
 
