@@ -253,3 +253,23 @@ def test_a_replay_that_raises_on_one_rank_holds_the_step_on_every_rank_without_a
              (tmp_path / "z2-replay_oom" / "events" / "events-rank0.jsonl").read_text().splitlines()]
     line = next(line for line in lines if line["type"] == "recovery")
     assert "out of memory" in line["replay"]["errors"]["1"]
+
+
+def test_a_poisoned_sample_at_micro_batch_one_is_quarantined_and_skipped_next_epoch(tmp_path):
+    """ZeRO-2, one sample a rank a step, two epochs of the same batches: rank 1's poisoned sample faults
+    again on replay while rank 0's is finite, so it is the sample's fault (quarantined, the step held), not
+    the state's; when it comes back its rank's batch is left empty and every rank skips that step through
+    the step's exchange: no second recovery, the same collectives on both ranks, no halt."""
+    run_job("ds_recover_job.py", tmp_path, ["z2-mb1poison"], timeout_s=300)
+    ranks = rank_outputs(tmp_path, ["z2-mb1poison"])["z2-mb1poison"]
+    [event] = analyze_json(tmp_path / "z2-mb1poison" / "events")["recoveries"]
+    assert (event["step"], event["kind"], event["ranks"], event["steps_lost"]) == (4, "sample", [1], 1)
+    [sample] = event["samples"]
+    assert (sample["rank"], sample["position"]) == (1, 0)
+    lines = (tmp_path / "z2-mb1poison" / "events" / "events-rank0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines if json.loads(line)["type"] == "skip"] == [12]
+    for rank in ranks:
+        assert [step for step, held in enumerate(rank["held"], 1) if held] == [4, 12]
+        assert rank["halted_at"] is None and rank["global_steps"] == 16
+    assert sum(sum(rank["seen_poison"]) for rank in ranks) == 1  # never handed out again
+    assert ranks[0]["collectives"] == ranks[1]["collectives"]

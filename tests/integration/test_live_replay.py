@@ -88,8 +88,10 @@ def test_a_new_guard_on_the_same_events_dir_skips_the_quarantined_sample(job):
 def test_a_fully_masked_micro_batch_is_quarantined_without_a_replay(job):
     out, ranks = job
     events = _recoveries(out / "masked" / "events")
-    assert [(e["step"], e["kind"], e["ranks"], e["steps_lost"]) for e in events] == \
-        [(3, "sample", [0], 1), (7, "sample", [0], 1)]  # epoch 2: the batch is all quarantined, held again
+    assert [(e["step"], e["kind"], e["ranks"], e["steps_lost"]) for e in events] == [(3, "sample", [0], 1)]
+    # epoch 2: the batch is all quarantined: skipped on every rank, no second recovery
+    lines = (out / "masked" / "events" / "events-rank1.jsonl").read_text().splitlines()
+    assert [(e["step"], e["ranks"]) for e in map(json.loads, lines) if e["type"] == "skip"] == [(7, [0])]
     assert sorted(s["index"] for s in events[0]["samples"]) == MASKED
     assert all(r["forward_calls"] == 0 for r in ranks["masked"])  # no replay
     assert all(r["commits"] == [True, True, False, True, True, True, False, True] for r in ranks["masked"])

@@ -86,3 +86,55 @@ def test_rng_capture_restores_every_stream():
     replay.restore_rng(state)
     second = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(first[0], second[0]) and first[1:] == second[1:]
+
+
+def test_a_batch_encoding_is_named_and_cut_and_stays_a_batch_encoding():
+    transformers = pytest.importorskip("transformers")
+    ids = torch.arange(12).reshape(3, 4)
+    batch = transformers.BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    assert quarantine.token_ids(batch) is ids and quarantine.num_samples(batch) == 3
+    held = quarantine.Quarantine(None)
+    held.add(quarantine.identities(batch, [1], step=1, rank=0, why="test"), write=False)
+    kept, emptied = quarantine.shed(batch, held)
+    assert type(kept) is transformers.BatchEncoding and not emptied
+    assert kept["input_ids"].tolist() == [[0, 1, 2, 3], [8, 9, 10, 11]] and kept.to("cpu") is not None
+
+
+def test_padding_does_not_change_a_samples_name():
+    alone = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.tensor([[1, 1, 1]])}
+    padded = {"input_ids": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]]),
+              "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])}
+    held = quarantine.Quarantine(None)
+    held.add(quarantine.identities(alone, [0], step=1, rank=0, why="test"), write=False)
+    assert held.kept(padded) == [0]
+
+
+def test_a_batch_left_empty_comes_out_whole_and_says_so():
+    held = quarantine.Quarantine(None)
+    pair = (torch.tensor([[1, 2]]), torch.tensor([0.5]))  # a tuple with no labels: passed through as it is
+    held.add(quarantine.identities(pair, [0], step=1, rank=0, why="test"), write=False)
+    out, emptied = quarantine.shed(pair, held)
+    assert emptied and out is pair
+    no_labels = {"input_ids": torch.tensor([[1, 2]])}
+    assert quarantine.shed(no_labels, held) == (no_labels, True)
+    masked, emptied = quarantine.shed({"input_ids": torch.tensor([[1, 2]]), "labels": torch.tensor([[1, 2]])}, held)
+    assert emptied and masked["labels"].tolist() == [[-100, -100]]
+    assert quarantine.shed({"input_ids": torch.tensor([[3, 4]])}, held)[1] is False
+
+
+def test_a_namedtuple_batch_is_rebuilt_as_itself():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "ids target")
+    cut = quarantine.select(Pair(torch.arange(6).reshape(3, 2), torch.arange(3)), [2])
+    assert isinstance(cut, Pair) and cut.ids.tolist() == [[4, 5]] and cut.target.tolist() == [2]
+
+
+def test_a_shedder_hands_out_the_last_batch_let_through_in_place_of_an_empty_one():
+    held = quarantine.Quarantine(None)
+    poison, healthy = (torch.tensor([[9, 9]]), torch.tensor([[9, 9]])), (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]))
+    held.add(quarantine.identities(poison, [0], step=1, rank=0, why="test"), write=False)
+    shed = quarantine.Shedder(held)
+    assert shed(poison) == (poison, True)  # nothing let through yet: the empty batch itself
+    assert shed(healthy) == (healthy, False)
+    assert shed(poison) == (healthy, True)  # the poisoned sample never runs again

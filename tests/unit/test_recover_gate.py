@@ -40,6 +40,21 @@ def test_budget_counts_within_the_window_then_gives_up():
     assert gate.judge(12, bad, None).give_up is False  # steps 1 and 2 left the window
 
 
+def test_a_batch_left_empty_is_skipped_before_any_fault_spending_no_budget():
+    """A rank whose batch held only quarantined samples says so in its row (with no label token, so a
+    summarised step gathers the rows): every rank skips the step; no fault, no budget, no loss history."""
+    emptied = LAYOUT.encode(wire.StepValues(raw_loss=math.nan, emptied=True, lrs=[1e-3]), torch.device("cpu")).tolist()
+    assert wire.emptied(emptied) and not wire.emptied(_row())
+    assert "zero fewest label tokens" in summary.reasons(summary.of_rows(LAYOUT, [_row(), emptied]), None)
+    gate = Gate(RecoverOptions(budget=1, window=10))
+    for step in (1, 2, 3):
+        hold = gate.judge(step, [_row(), emptied], None)
+        assert hold.skip and not hold.give_up and hold.ranks == [1]
+    assert gate.num_held == 0 and not gate.held_steps and gate.losses.bound() is None
+    assert gate.skip_event(hold)["type"] == "skip"
+    assert gate.judge(4, [_row(loss=math.nan), _row()], None).give_up is False  # the budget is whole
+
+
 # -- the loss jump (monitor/jump.py) ----------------------------------------------------------------------
 
 ABNORMAL = 1000.0  # a gradient norm a thousand times the run's own (1.0): an abnormal update

@@ -54,6 +54,9 @@ class Monitor:
         # recover=True: the commit gate (monitor/recover.py); `held`: its last decision (None: committed)
         self.gate = Gate(options.recovery) if options.recovery is not None else None
         self.held: Hold | None = None
+        # set by the entry point when the quarantine left this rank's batch of the step empty (quarantine.py
+        # `shed`): sent in the step's exchange, where every rank learns it and skips the step
+        self.emptied = False
         self.lag = 0  # 1: steps end before the optimizer step (`Guard.commit`)
         # DeepSpeed + recover: post-step values wait for the next exchange (monitor/deferred.py)
         self.deferred = False
@@ -134,6 +137,7 @@ class Monitor:
             # SYNC POINT (first step only): the parameter-name lists of every rank.
             gathered_events = dist.gather_objects(events)
         vector = self._local_vector(step, micro, grad_norm, lrs, loss_scale, skipped_steps)
+        self.emptied = False
         try:
             rows, seen, own = self.exchange.step(step, first, vector)
         except Exception as exc:  # the process group itself failed: nothing left to agree with
@@ -240,6 +244,12 @@ class Monitor:
         """A held step: its `recovery` line on every rank, said on rank 0; its rows reach no detector."""
         self.held = hold
         self._emit_records(leading)
+        if hold.skip:  # a batch the quarantine left empty: no recovery, the entry point drops the gradients
+            if self.jsonl is not None:
+                self.jsonl.write(self.gate.skip_event(hold))
+            if self.rank == 0 and self.options.console:
+                say(self.gate.console_line(hold))
+            return
         if self.gate.replay:  # a replay follows: monitor/replay.py records what the step turns out to be
             return
         if self.jsonl is not None:
@@ -269,7 +279,8 @@ class Monitor:
 
     def _step_values(self, step, micro, grad_norm, lrs, loss_scale, skipped) -> wire.StepValues:
         """This rank's measurements, still on the device: nothing here waits for the host."""
-        values = wire.StepValues(grad_norm=grad_norm, loss_scale=loss_scale, skipped_steps=skipped, lrs=lrs or [])
+        values = wire.StepValues(grad_norm=grad_norm, loss_scale=loss_scale, skipped_steps=skipped, lrs=lrs or [],
+                                 emptied=self.emptied)
         wire.put_micro(values, micro, self.device)
         if self._measured(step):
             values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas

@@ -101,6 +101,7 @@ class Guard:
         self.monitor = Monitor(options, model, optimizer=optimizer, facts=facts, entry=entry)
         self.num_steps = 0
         self.quarantine = quarantine.Quarantine(options.events_dir)
+        self._shed = quarantine.Shedder(self.quarantine)
         self._rng: dict[str, Any] | None = None  # the RNG state the last batch of `batches` was handed out with
         self.scheduler = None
         self.scaler = None  # a dynamic loss scaler (torch.amp GradScaler): see `__init__`
@@ -112,11 +113,15 @@ class Guard:
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches, each without its quarantined samples, the RNG state recorded as it is handed
-        out (what a replay restores). A batch whose every sample is quarantined still comes out, on every
-        rank alike (the ranks must step together), with its labels masked: the gate holds that step."""
+        out (what a replay restores). In place of a batch whose every sample is quarantined a stand-in comes
+        out (the last batch let through: the ranks must run the step together), and with `recover` on
+        `commit` then returns False on every rank: the step is skipped alike everywhere, no recovery, no
+        budget (monitor/quarantine.py `Shedder`)."""
         for batch in loader:
             self.handed += 1
-            batch = quarantine.without_quarantined(batch, self.quarantine)
+            batch, emptied = self._shed(batch)
+            if emptied and self.monitor.gate is not None:  # told to every rank in the step's exchange
+                self.monitor.emptied = True
             if self.monitor.gate is not None:
                 self._rng = replay.capture_rng()
             yield batch
@@ -169,6 +174,9 @@ class Guard:
         if hold is None:
             self._snapshot(model or self.model, optimizer or self.optimizer)
             return True
+        if hold.skip:  # some rank's batch held only quarantined samples: every rank skips the step
+            self._drop(model or self.model)
+            return False
         if self.ring is not None and self._rolled_back(hold, model or self.model, optimizer or self.optimizer,
                                                        replaying):
             return False
@@ -186,9 +194,13 @@ class Guard:
                                              self.scheduler, jump=True)
                 if outcome == "none":
                     replayer.record_jump()
-        for param in (model or self.model).parameters():
-            param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
+        self._drop(model or self.model)
         return False
+
+    @staticmethod
+    def _drop(model: Any) -> None:
+        for param in model.parameters():
+            param.grad = None  # as `zero_grad()` does: the held gradients must not join the next step's
 
     def _accumulating(self, observed: bool) -> str | None:
         """Why this step cannot be replayed (None: it can): gradient accumulation, seen as more than one

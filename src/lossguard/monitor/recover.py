@@ -39,6 +39,7 @@ from lossguard.monitor.options import RecoverOptions
 # over no token), and the step's signature is the first fault's; a jump is judged on the finite losses
 # only, so a step that also has a non-finite value is named by that first.
 JUMP = "loss jump far above the run's spread"
+EMPTIED = "batch left empty by the quarantine"
 DRIFT = "weights differ between replicas"
 _FAULTS = (("all labels masked in a micro-batch", wire.MIN_LABELS, "masked-labels", "LABEL001"),
            ("non-finite loss", wire.RAW_LOSS, "nonfinite", "LOSS001"),
@@ -62,6 +63,7 @@ class Hold:
     step: int
     faults: list[dict[str, Any]]  # {"fault", "ranks", "values": {rank: value}}
     give_up: bool = False  # the budget is spent: halt instead of holding
+    skip: bool = False  # some rank's batch held only quarantined samples: skipped, not a recovery
     used: int = 0  # held steps within the window, this one included when held
 
     @property
@@ -129,7 +131,13 @@ class Gate:
 
     def judge(self, step: int, rows: list[list[float]] | None, seen: summary.Summary | None) -> Hold | None:
         """None: commit. Decided from the gathered rows (or the reduced summary), so alike on every rank, and
-        so is the loss history each rank keeps."""
+        so is the loss history each rank keeps. A step where some rank's batch was left empty by the
+        quarantine is skipped on every rank before anything else is read: nothing was learned from it, so
+        it is no fault, spends no budget and leaves the loss history as it was (an emptied rank sends no
+        label token, so a summarised step gathers its rows: the skip is always read from them)."""
+        emptied = [rank for rank, row in enumerate(rows) if wire.emptied(row)] if rows is not None else []
+        if emptied:
+            return Hold(step, [{"fault": EMPTIED, "ranks": emptied, "values": {}}], skip=True)
         faults = _from_rows(rows) if rows is not None else _from_summary(seen)
         peak, norm = _peak(rows, seen), _peak(rows, seen, wire.GRAD_NORM)
         drift = _drift(rows) if self.watch_drift and rows is not None else None
@@ -157,7 +165,15 @@ class Gate:
         self.note(line)
         return line
 
+    def skip_event(self, hold: Hold) -> dict[str, Any]:
+        """The `skip` line every rank writes for a step skipped because a batch was left empty."""
+        return {"type": "skip", "step": hold.step, "ranks": hold.ranks, "why": EMPTIED,
+                "action": "skipped: optimizer.step() not run on any rank, the step's gradients dropped"}
+
     def console_line(self, hold: Hold) -> str:
+        if hold.skip:
+            return (f"lossguard: skipped step {hold.step} on every rank: the batch of rank(s) "
+                    f"{', '.join(map(str, hold.ranks))} held only quarantined samples")
         what = describe(hold.faults)
         if hold.give_up:
             return (f"lossguard: halting at step {hold.step} on every rank: {what} ({hold.code}, {hold.signature}); "

@@ -25,9 +25,14 @@ When the commit gate holds a step (monitor/recover.py) and the loop gave `Guard.
     norm, the replayed norm still far above the run's), every loss and gradient finite: the batch gives
     that update with these weights; **held** (the batch dropped; no per-sample scan: one healthy sample's loss may well sit above a
     limit set on the losses of whole batches, so it would name healthy samples).
-  * it faults again and no sample is named (the gradients, not the loss, are non-finite) or every sample
-    of a rank's batch fails: the state is bad, not the data: **held**, as tier 1 (non-finite weights are rolled back
-    before any replay when snapshots are on: monitor/snapshots.py).
+  * it faults again and a rank's micro-batch is one sample, whose own loss faults again while some other
+    rank's replayed loss is finite (the same weights give finite losses on other data): **sample**, that
+    sample quarantined; the step is held (that rank has nothing left to learn from), and the sample is left
+    out of every later epoch (monitor/quarantine.py: a batch left empty is skipped on every rank).
+  * it faults again and no sample is named (the gradients, not the loss, are non-finite), every sample of
+    a rank's batch of two or more fails, or every rank's does: the state is bad, not the data: **held**,
+    as tier 1 (non-finite weights are rolled back before any replay when snapshots are on:
+    monitor/snapshots.py).
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ ACTIONS = {
                  "the replay's gradients committed",
     "sample": "sample: replayed, the fault came back; the sample(s) named were quarantined, the rest of the "
               "batch recomputed and committed",
+    "sample-dropped": "sample: replayed, the fault came back; the sample(s) named were quarantined, each the "
+                      "whole micro-batch of its rank while the other ranks' samples were finite; the step held "
+                      "(that rank has no sample left to learn from)",
     "sample-held": "sample: replayed, the fault came back; the sample(s) named were quarantined; recomputing "
                    "the rest of the batch failed on some rank (see the replay's errors): the step held",
     "failed": "held: the replay or the per-sample scan failed on some rank (see the replay's errors); every "
@@ -57,8 +65,8 @@ ACTIONS = {
     "accumulated": "held: gradient accumulation, not replayed (a replay recomputes one micro-batch: committing "
                    "it alone would change the run); the step held",
     "masked": "sample: a micro-batch with every label masked, quarantined without a replay; the step held",
-    "held": "held: replayed, the fault came back and no sample accounts for it (every sample fails, or the "
-            "gradients do): the state is bad, not the data; the step held",
+    "held": "held: replayed, the fault came back and no sample accounts for it (every sample of a batch fails, "
+            "or the gradients do): the state is bad, not the data; the step held",
     "jump": "held: replayed, the loss jumped far above the run's spread again; the batch dropped, the step held",
 }
 
@@ -174,7 +182,7 @@ class Replayer:
             self._record(hold, "transient", [], origin(hold), replay,
                          self.monitor.gate.suspects(hold.step, origin(hold)))
             return True
-        named, whole, failed = [], False, any(row["error"] for row in rows)
+        named, emptied, whole, failed = [], [], False, any(row["error"] for row in rows)
         # the scan names non-finite samples only (a jump's loss is finite: one healthy sample may sit above a
         # limit set on whole batches)
         scanners = [r for r, row in enumerate(rows) if not math.isfinite(row["loss"]) and row["size"]]
@@ -182,7 +190,8 @@ class Replayer:
             count = max(rows[r]["size"] for r in scanners) if self.ops.symmetric_scan else None
             found = dist.gather_objects(self._scan(hold, batch, forward, rank in scanners, count))  # SYNC POINT
             named = [e for part in found for e in part["bad"]]
-            whole = any(part["bad"] and len(part["bad"]) == rows[r]["size"] for r, part in enumerate(found))
+            emptied = [r for r, part in enumerate(found) if part["bad"] and len(part["bad"]) == rows[r]["size"]]
+            whole = any(not _alone(r, rows) for r in emptied)
             failed = any(part["error"] for part in found)
         if not named or whole or failed:
             jumped = not named and not failed and all(math.isfinite(row["loss"]) and row["grads_ok"] for row in rows)
@@ -197,6 +206,12 @@ class Replayer:
             restore_rng(after)  # the scan drew from the RNG: leave it as the first attempt did
             return False
         self.quarantine.add(named, write=rank == 0)
+        if emptied:  # some rank has no sample left to learn from: the step is held, the batch dropped
+            self.outcome = "sample-dropped"
+            self._record(hold, "sample-dropped", named, sorted({e["rank"] for e in named}), replay)
+            self.drop()
+            restore_rng(after)
+            return False
         errors = self._recompute(batch, forward, rng, [e["position"] for e in named if e["rank"] == rank])
         if errors:  # the samples stay quarantined; the rest of the batch is not committed half-computed
             self.outcome = "sample-held"
@@ -299,7 +314,8 @@ class Replayer:
 
     def _record(self, hold: Hold, how: str, named: list[dict], ranks: list[int], replay: dict,
                 suspects: dict[int, int] | None = None) -> None:
-        kind = {"masked": "sample", "sample-held": "sample", "jump": "held", "failed": "held", "accumulated": "held"}.get(how, how)
+        kind = {"masked": "sample", "sample-held": "sample", "sample-dropped": "sample", "jump": "held",
+                "failed": "held", "accumulated": "held"}.get(how, how)
         window = self.monitor.gate.options.window
         suspect = (f"; rank(s) {', '.join(f'{r} ({n} times)' for r, n in suspects.items())} faulted transiently "
                    f"within {window} steps, each time clean when replayed: a suspect device (check that GPU's "
@@ -318,6 +334,15 @@ class Replayer:
             say(console_line(hold, how, named, self.monitor.gate.options) + suspect)
 
 
+def _alone(rank: int, rows: list[dict[str, Any]]) -> bool:
+    """Whether `rank`'s batch, every sample of which faulted again, is one sample that faulted alone: a
+    micro-batch of one on this rank while some other rank's replayed loss, from the same weights, is
+    finite. Then the sample is at fault, not the state. Every sample of a larger batch failing, or every
+    rank failing, points at the state (a bad weight row, not one bad sample)."""
+    return rows[rank]["size"] == 1 and any(math.isfinite(row["loss"]) for other, row in enumerate(rows)
+                                           if other != rank and row["size"])
+
+
 def origin(hold: Hold) -> list[int]:
     """The ranks the fault started on: those whose own loss was non-finite (under DDP every rank's gradients
     are then non-finite too, the all-reduce averaged them in); else every rank the gate named."""
@@ -334,6 +359,8 @@ def console_line(hold: Hold, how: str, named: list[dict], options: Any) -> str:
     told = {"transient": "transient (the replay did not fault): the replay committed",
             "sample": f"reproducible: quarantined {who}; the rest of the batch committed",
             "sample-held": f"reproducible: quarantined {who}; recomputing the rest failed on some rank: the step held",
+            "sample-dropped": f"reproducible: quarantined {who}, a micro-batch of one whose loss alone faulted "
+                              "while the other ranks' were finite; the step held",
             "failed": "the replay failed on some rank (its error is in the events file): the step held on every rank",
             "accumulated": "not replayed under gradient accumulation: the step held",
             "masked": f"no supervised token: quarantined {who} without a replay; the step held",

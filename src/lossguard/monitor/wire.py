@@ -24,6 +24,9 @@ RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR
 NUM_BASE = 9
 # Bits of the PRESENT slot: which optional signals this rank measured at this step.
 HAS_LOSS, HAS_LABELS, HAS_GRAD_NORM, HAS_SCALE, HAS_SKIPPED, HAS_PRINT, HAS_UPDATE, HAS_LR = (1 << i for i in range(8))
+# Not a signal: this rank's batch held only quarantined samples (monitor/quarantine.py `shed`); every rank
+# skips the step (monitor/recover.py). Sent with no label token, so a summarised step gathers its rows.
+EMPTIED = 1 << 8
 
 # (slot, bit, signal name) of the single-value optional signals.
 _SCALARS = ((GRAD_NORM, HAS_GRAD_NORM, "grad_norm"), (LOSS_SCALE, HAS_SCALE, "loss_scale"),
@@ -76,6 +79,7 @@ class StepValues:
     param_fingerprint: Any = None
     lrs: list[Any] = field(default_factory=list)
     update_ratios: list[Any] | None = None
+    emptied: bool = False  # the quarantine left this rank's batch empty
 
 
 def put_micro(values: StepValues, micro: list[tuple[Any, Any, Any]], device: torch.device) -> None:
@@ -131,6 +135,9 @@ class Layout:
             for i, ratio in enumerate(values.update_ratios):
                 slots[NUM_BASE + self.num_lr + i] = ratio
             present |= HAS_UPDATE
+        if values.emptied:
+            slots[LABELS], slots[MIN_LABELS] = 0.0, 0.0
+            present |= HAS_LABELS | EMPTIED
         slots[ERROR] = 0.0
         slots[PRESENT] = float(present)
         return _assemble(slots, device)
@@ -173,6 +180,12 @@ def slot_bits(layout: Layout) -> tuple[int, ...]:
             LOSS_SCALE: HAS_SCALE, SKIPPED: HAS_SKIPPED, FINGERPRINT: HAS_PRINT}
     return (*(base.get(slot, 0) for slot in range(NUM_BASE)), *(HAS_LR,) * layout.num_lr,
             *(HAS_UPDATE,) * len(layout.groups))
+
+
+def emptied(row: list[float]) -> bool:
+    """The sending rank's batch held only quarantined samples."""
+    bits = row[PRESENT]
+    return bits == bits and bool(int(bits) & EMPTIED)
 
 
 def failed(row: list[float]) -> bool:

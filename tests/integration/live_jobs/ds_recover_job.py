@@ -24,6 +24,9 @@ Scenario names: zSTAGE-CASE[-bf16|-fp16], CASE one of
                fingerprints differ at 8, which is rolled back to the snapshot before step 7;
   lr_spike     30 steps, snapshots every 3: step 24 runs at 10^4 times the LR on every rank; the loss at 25 is
                far above the run's spread, again on replay: rolled back to the snapshot before step 22;
+  mb1poison    micro-batch 1, the poisoned row as in `poison`, carried by rank 1's one sample at step NAN_STEP;
+               the STEPS batches twice over (two epochs): the sample is quarantined (the step held: its rank
+               has nothing else), and when it comes back at STEPS + NAN_STEP that step is skipped on every rank;
   healthy      recover=True, no fault;
   plain        the same healthy run without lossguard.
 The model is tiny GPT-2 with one extra token (POISON) and an untied head, in every scenario.
@@ -60,7 +63,7 @@ def model_for(case: str):
     config = GPT2Config(vocab_size=tiny.VOCAB + 1, n_positions=tiny.SEQ, n_embd=32, n_layer=2, n_head=2,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)
     model = GPT2LMHeadModel(config)
-    if case in ("poison", "resume"):
+    if case in ("poison", "resume", "mb1poison"):
         with torch.no_grad():
             model.transformer.wte.weight[POISON] = 1e38
     return model
@@ -84,8 +87,10 @@ def batches_of(rank: int, micro: int, case: str) -> list[dict]:
             labels[:] = -100
         if rank == 1 and step == NAN_STEP and case in ("poison", "resume"):
             ids[2, 5] = labels[2, 5] = POISON
+        if rank == 1 and step == NAN_STEP and case == "mb1poison":
+            ids[0, 5] = labels[0, 5] = POISON
         out.append({"input_ids": ids, "labels": labels})
-    return out
+    return out * 2 if case == "mb1poison" else out
 
 
 def shard_state(engine) -> dict:
@@ -120,7 +125,8 @@ def run(out_dir: str, name: str) -> None:
     rank = tiny.rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
-    config = tiny.ds_config(stage, bf16=bf16, fp16=fp16, **({"check_grad_overflow": False} if bf16 else {}))
+    config = tiny.ds_config(stage, bf16=bf16, fp16=fp16, micro=1 if case == "mb1poison" else 4,
+                            **({"check_grad_overflow": False} if bf16 else {}))
     model = model_for(case)
     seconds = os.environ.get("LOSSGUARD_TEST_PG_TIMEOUT_S")  # a test that must fail fast on a hang
     if seconds and not torch.distributed.is_initialized():

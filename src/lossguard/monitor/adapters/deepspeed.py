@@ -112,9 +112,14 @@ class EngineGate:
             and self.engine.gradient_accumulation_steps() == 1
         # the replay, or the rollback check, writes the held step's record
         self.monitor.gate.replay = replaying or self.ring is not None
+        if capture is not None and capture.emptied:  # told to every rank in the step's exchange
+            self.monitor.emptied = True
         try:
             halt = self.monitor.end_step(step, lrs=_engine_lrs(self.engine), gating=True)
             hold = self.monitor.held
+            if hold is not None and hold.skip:  # a batch left empty by the quarantine: skipped on every rank
+                ds_hold.hold(self.engine, lambda: run_step(*args, **kwargs))
+                return None, halt
             if hold is not None and self.ring is not None and not halt:
                 outcome = self._rolled_back(hold, step, replaying)
                 if outcome != "none":
@@ -206,8 +211,12 @@ class Attachment:
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches without the samples a `sample` recovery quarantined (this run's, and those in
         the events dir's `quarantine.jsonl` from before a resume): `for batch in guard.batches(loader):`."""
+        shed = quarantine.Shedder(self.quarantine)
         for batch in loader:
-            yield quarantine.without_quarantined(batch, self.quarantine)
+            batch, emptied = shed(batch)
+            if emptied and self.monitor.gate is not None:  # told to every rank in the step's exchange
+                self.monitor.emptied = True
+            yield batch
 
     def _pre_forward(self, module, args, kwargs):
         changed = None

@@ -36,19 +36,22 @@ class Capture:
 
     def __init__(self, held: Quarantine | None = None) -> None:
         self.held = held
+        self.shed = quarantine.Shedder(held) if held is not None else None
         self.batch: dict[str, Any] | None = None
         self.rng: dict[str, Any] | None = None
         self.forwards = 0  # training forwards since the last step
         self.off = False  # the replay's own forwards are not captured
+        self.emptied = False  # a training forward's batch held only quarantined samples
 
     def record(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if self.off or not module.training:
             return None
         changed = None
         if self.held is not None and not args and kwargs:
-            kept = quarantine.without_quarantined(kwargs, self.held)
+            kept, emptied = self.shed(kwargs)
+            self.emptied = self.emptied or emptied  # every rank skips the step (EngineGate)
             if kept is not kwargs:
-                kwargs = changed = kept
+                kwargs = changed = dict(kept)
         self.forwards += 1
         self.batch = dict(kwargs) if not args and kwargs else None
         self.rng = replay.capture_rng()
@@ -67,7 +70,7 @@ class Capture:
         return self.forwards == 1 and self.batch is not None
 
     def reset(self) -> None:
-        self.batch, self.rng, self.forwards = None, None, 0
+        self.batch, self.rng, self.forwards, self.emptied = None, None, 0, False
 
 
 @dataclass

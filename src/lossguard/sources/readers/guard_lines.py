@@ -48,7 +48,8 @@ EVENTS = ("guard-finding", "guard-halt", "recovery")  # the events this reader m
 # What each way of recovering says (monitor/recover.py, replay.py, snapshots.py), first match wins:
 # (words, kind, steps lost).
 _KINDS = ((b"rolled back to the snapshot", "rollback", None), (b"transient (", "transient", 0),
-          (b"no supervised token: quarantined", "sample", 1), (b"reproducible: quarantined", "sample", 0))
+          (b"no supervised token: quarantined", "sample", 1), (b"whose loss alone faulted", "sample", 1),
+          (b"reproducible: quarantined", "sample", 0))
 
 
 def read(line: bytes) -> Fields | None:
