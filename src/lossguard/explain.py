@@ -115,8 +115,8 @@ started on), kind, samples, steps lost, signature, code and the action taken. Ki
   rollback   weights turned non-finite after an applied step, a loss jump came back when the batch was
              replayed (the state, not the batch), or one replica's weights drifted from the others'
              (RANK001, `rank-desync`): every rank restored the newest host snapshot finite on
-             every rank (`RecoverOptions(snapshot_every=S)`; by default every 10 steps when at most 5% of
-             the weights train) and skipped the batches since it; `steps_lost` counts the steps undone
+             every rank (`RecoverOptions(snapshot_every=S)`; by default every 10 steps when the snapshots
+             fit in the host's free memory) and skipped the batches since it; `steps_lost` counts the steps undone
 A run that would otherwise be healthy gets the verdict `warning`. Fix: look at the faulting steps' data and
 ranks; a fault that keeps coming back needs its cause fixed, not more recoveries."""
 

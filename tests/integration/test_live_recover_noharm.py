@@ -129,3 +129,37 @@ def test_halt_on_broken_still_stops_a_real_divergence(job):
     assert halted <= 2 + LossDivergence._JUMP_STREAK + LossDivergence.settle_logs
     assert _events(out, "diverge-halt", "halt-waived") == []
     assert [e["codes"] for e in _events(out, "diverge-halt", "halt")] == [["LOSS005"]] * 2
+
+
+SNAP_CASES = ["steplr", "lambdalr", "lora", "ga4"]
+
+
+@pytest.fixture(scope="module")
+def snap_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("noharm-snap")
+    names = [f"{case}-{arm}" for case in SNAP_CASES for arm in ("plain", "recover")]
+    run_job("noharm_snap_job.py", out, names, timeout_s=300)
+    return out, rank_outputs(out, names)
+
+
+@pytest.mark.parametrize("case", SNAP_CASES)
+def test_snapshots_on_by_default_do_no_harm(snap_job, case):
+    """Guard(recover=True), no `snapshot_every`: snapshots are on (a tiny model fits), taken before steps 1, 11
+    and 21, and the run trains bit for bit as without lossguard, with no recovery event (StepLR found, LambdaLR
+    given, a LoRA adapter on a frozen base, gradient accumulation 4)."""
+    out, ranks = snap_job
+    name = f"{case}-recover"
+    assert _recoveries(out, name) == [], name
+    for mine, plain in zip(ranks[name], ranks[f"{case}-plain"], strict=True):
+        assert all(mine["commits"]) and mine["halted_at"] is None
+        assert mine["losses"] == plain["losses"] and mine["lr"] == plain["lr"]
+    assert _same_weights(out, name, f"{case}-plain"), name
+    for r in (0, 1):
+        (plan,) = [line for line in map(json.loads, (out / name / "events" / f"events-rank{r}.jsonl")
+                                        .read_text().splitlines()) if line["type"] == "snapshots"]
+        assert plan["every"] == 10 and plan["fits"] and plan["asked"] is None
+    text = plan["text"]
+    assert {"steplr": "the LR scheduler StepLR (found)", "lambdalr": "the LR scheduler LambdaLR,",
+            "lora": "no LR scheduler", "ga4": "no LR scheduler"}[case] in text, text
+    if case == "lora":  # the snapshot holds the adapter: a few KiB beside the frozen base's
+        assert plan["bytes"] < 4 * sum(v.numel() for v in torch.load(out / name / "weights-rank0.pt").values())

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  # noqa: E402
 
-SCENARIOS = ["nan_weights", "lr_spike", "drift", "snap_healthy", "plain"]
+SCENARIOS = ["nan_weights", "lr_spike", "drift", "snap_healthy", "plain", "nan_default"]
 NAN_STEP, EVERY, STEPS = 5, 3, 12
 
 
@@ -38,6 +38,35 @@ def test_nan_weights_roll_back_on_both_ranks_and_the_run_finishes(job):
     assert ranks["nan_weights"][0]["scheduler"] == STEPS - 3
     recoveries = analyze_json(out / "nan_weights" / "events")["recoveries"]
     assert [(r["step"], r["kind"], r["ranks"], r["steps_lost"]) for r in recoveries] == [(fault, "rollback", [1], 3)]
+
+
+def test_a_full_fine_tune_whose_ring_fits_rolls_back_by_default_with_its_scheduler_found(job):
+    """`Guard(recover=True)` alone (no snapshot_every, no scheduler=): the ring of this full fine-tune fits, so
+    snapshots are on every 10 steps; the NaN written after step 5 is rolled back to the snapshot before step 1
+    on both ranks, and the LambdaLR bound to the optimizer, found at the first step, comes back with it: its
+    count is the steps applied, and the LR the one it sets for that count."""
+    out, ranks = job
+    fault = NAN_STEP + 1
+    for r, rank in enumerate(ranks["nan_default"]):
+        assert rank["halted_at"] is None and rank["finite"]
+        assert rank["commits"] == [step != fault for step in range(1, STEPS + 1)]
+        assert rank["scheduler"] == STEPS - fault  # 1..5 undone, 6 held: 6 of 12 applied
+        plans = [json.loads(line) for line in (out / "nan_default" / "events" / f"events-rank{r}.jsonl")
+                 .read_text().splitlines() if '"snapshots"' in line]
+        assert [(p["every"], p["asked"], p["fits"]) for p in plans] == [(10, None, True)]
+    a, b = (torch.load(out / "nan_default" / f"rank{r}.pt") for r in (0, 1))
+    assert all(torch.equal(a[key], b[key]) for key in a)
+    (recovery,) = analyze_json(out / "nan_default" / "events")["recoveries"]
+    assert (recovery["step"], recovery["kind"], recovery["ranks"], recovery["steps_lost"]) == (fault, "rollback", [1], fault)
+    lines = [json.loads(line) for line in (out / "nan_default" / "events" / "events-rank0.jsonl").read_text().splitlines()]
+    (rollback,) = [line for line in lines if line.get("kind") == "rollback"]
+    assert rollback["restored"] == ["weights", "optimizer state and its LRs", "LR scheduler LambdaLR", "RNG"]
+    log = (out / "rollback_job.py.log").read_text()
+    said = [line for line in log.splitlines() if "lossguard: snapshots" in line]
+    assert len(said) == 5, said  # one line per guarded scenario, from rank 0 alone
+    (line,) = [text for text in said if "every 10 steps" in text]
+    assert line.startswith("lossguard: snapshots every 10 steps, 2 x ") and \
+        line.endswith("a rollback restores weights, optimizer, the LR scheduler LambdaLR (found), RNG"), line
 
 
 def test_healthy_run_with_snapshots_logs_the_same_losses(job):

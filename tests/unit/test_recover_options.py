@@ -98,17 +98,8 @@ def test_a_logs_values_at_a_recovered_step_are_left_out(tmp_path):
     assert analyze([without]).to_dict()["verdict"] == "broken"  # the same log alone: the made-up drop diverges
 
 
-def test_snapshots_are_on_by_default_for_an_adapter_fine_tune_and_off_for_a_full_one():
-    import torch
-
-    full = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
-    adapter = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
-    adapter[0].requires_grad_(False)  # the frozen base: 1,028 of 66,820 weights train (1.5%)
-    options = RecoverOptions()
-    assert options.snapshot_every is None
-    assert options.every_for(full) == 0 and options.every_for(adapter) == 10
-    assert RecoverOptions(snapshot_every=0).every_for(adapter) == 0  # asked for: honoured
-    assert RecoverOptions(snapshot_every=3).every_for(full) == 3
+def test_snapshot_every_defaults_to_none_decided_by_the_host_and_is_validated():
+    assert RecoverOptions().snapshot_every is None  # decided at the first step (tests/unit/test_snapshot_sizing.py)
     with pytest.raises(OptionError, match="snapshot_every must be None"):
         RecoverOptions(snapshot_every=-1)
 

@@ -57,6 +57,8 @@ class Monitor:
         # set by the entry point when the quarantine left this rank's batch of the step empty (quarantine.py
         # `shed`): sent in the step's exchange, where every rank learns it and skips the step
         self.emptied = False
+        # with recovery: decides snapshots at the first step from every rank's measurements (monitor/sizing.py)
+        self.planner: Any = None
         self.lag = 0  # 1: steps end before the optimizer step (`Guard.commit`)
         # DeepSpeed + recover: post-step values wait for the next exchange (monitor/deferred.py)
         self.deferred = False
@@ -134,8 +136,16 @@ class Monitor:
         self._first_step_done = True
         events = self._first_step_events() if first else None
         if first:
-            # SYNC POINT (first step only): the parameter-name lists of every rank.
-            gathered_events = dist.gather_objects(events)
+            # SYNC POINT (first step only): the parameter-name lists of every rank, and with recovery each
+            # rank's snapshot measurements (monitor/sizing.py), which every rank decides snapshots from alike.
+            mine = self.planner.local() if self.planner is not None else None
+            gathered = dist.gather_objects((events, mine))
+            gathered_events = [pair[0] for pair in gathered]
+            if self.planner is not None:
+                try:
+                    self.planner.decided([pair[1] for pair in gathered])
+                except Exception as exc:  # the same gathered list on every rank: fails alike, snapshots stay off
+                    self._fail(exc, "snapshot plan")
         vector = self._local_vector(step, micro, grad_norm, lrs, loss_scale, skipped_steps)
         self.emptied = False
         try:

@@ -41,9 +41,12 @@ the rest of the batch committed (`sample`); a micro-batch with every label maske
 replay. One micro-batch per optimizer step: with gradient accumulation (more than one batch from `batches`,
 or micro-batch observed, per step) a held step is held whole, never replayed (said once at the first step).
 
-`recover=lossguard.RecoverOptions(snapshot_every=S)` (and `scheduler=` here): host snapshots of each rank's
-state every S steps; weights that turn non-finite after a step are rolled back on every rank to the same
-snapshot, the batches since it skipped (`rollback`, monitor/snapshots.py).
+Host snapshots of each rank's state (weights, optimizer, LR schedulers, the GradScaler's scale, RNG) every
+10 steps when they fit in the host's free memory (decided at the first step, said in one line: monitor/
+sizing.py; `RecoverOptions(snapshot_every=S)` sets it, 0 turns it off): weights that turn non-finite after a
+step are rolled back on every rank to the same snapshot, the batches since it skipped (`rollback`, monitor/
+snapshots.py). The LR scheduler is `scheduler=` or, without it, the schedulers bound to the optimizer
+(monitor/restorable.py).
 
 fp16 with a `torch.amp.GradScaler`: `Guard(model, optimizer, scaler=scaler)`, and `scaler.unscale_(optimizer)`
 before `commit`; the scaler's overflows (it skips those steps itself) are then never held nor budget.
@@ -59,7 +62,7 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import dist, quarantine, replay, snapshots, tensors
+from lossguard.monitor import dist, quarantine, replay, restorable, sizing, snapshots, tensors
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.options import GuardOptions
 from lossguard.monitor.sinks import say
@@ -78,12 +81,13 @@ class LossguardHalt(RuntimeError):
 class Guard:
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, scheduler: Any = None,
                  scaler: Any = None, **options: Any) -> None:
-        """`scheduler`: the LR scheduler, when snapshots (`RecoverOptions(snapshot_every=S)`) are to hold
-        and restore its state with the optimizer's. `scaler`: the fp16 loop's `torch.amp.GradScaler`; its
+        """`scheduler`: the LR scheduler (or schedulers: a list) snapshots hold and restore with the
+        optimizer's state; None: those bound to the optimizer, found at the first step when snapshots are
+        on (monitor/restorable.py). `scaler`: the fp16 loop's `torch.amp.GradScaler`; its
         overflows (a non-finite gradient norm beside a finite loss, which `scaler.step` skips) are then its
         own business: never held, never counted against the budget, never a finding."""
         self._start(model, optimizer, GuardOptions(**options), _torch_facts(), "guard")
-        self.scheduler = scheduler
+        self.scheduler = restorable.bundle(list(scheduler)) if isinstance(scheduler, (list, tuple)) else scheduler
         self.scaler = scaler
 
     @classmethod
@@ -106,10 +110,26 @@ class Guard:
         self.scheduler = None
         self.scaler = None  # a dynamic loss scaler (torch.amp GradScaler): see `__init__`
         self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
-        every = options.recovery.every_for(model) if options.recovery is not None else 0
-        self.ring = snapshots.Ring(every, options.recovery.keep) if every else None
-        if self.ring is not None:  # a drifted replica can be rolled back: the gate holds it
-            self.monitor.gate.watch_drift = True
+        self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
+        if options.recovery is not None:
+            self.monitor.planner = sizing.Planner(
+                self.monitor, lambda: (snapshots.Trainable(self.model), self.optimizer), self._plan)
+
+    def _plan(self, every: int) -> str:
+        """Snapshots every `every` steps (0: off), the same on every rank (monitor/sizing.py); what a rollback
+        will restore. Called inside the first step's exchange, before the gate judges that step."""
+        if not every:
+            return ""
+        self.ring = snapshots.Ring(every, self.monitor.gate.options.keep)
+        self.monitor.gate.watch_drift = True  # a drifted replica can be rolled back: the gate holds it
+        self.monitor.gate.replay = True  # a held step's record waits for the rollback check
+        found = self.scheduler is None
+        if found:
+            self.scheduler = restorable.bundle(restorable.find(self.optimizer))
+        scheduler = "no LR scheduler (none given, none bound to the optimizer)" if self.scheduler is None else \
+            f"the LR scheduler {restorable.name(self.scheduler)}" + (" (found)" if found else "")
+        scale = ", the loss scale" if restorable.scaler_state(self.scaler) is not None else ""
+        return f"weights, optimizer, {scheduler}{scale}, RNG"
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """`loader`'s batches, each without its quarantined samples, the RNG state recorded as it is handed
@@ -191,7 +211,7 @@ class Guard:
             if replayer.outcome == "jump" and self.ring is not None:  # the state's fault: roll back
                 outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
                                              snapshots.Trainable(model or self.model), optimizer or self.optimizer,
-                                             self.scheduler, jump=True)
+                                             self.scheduler, jump=True, scaler=restorable.scaler_state(self.scaler))
                 if outcome == "none":
                     replayer.record_jump()
         self._drop(model or self.model)
@@ -231,7 +251,8 @@ class Guard:
         if self.ring is None or self.monitor.disabled or not self.ring.due(self.num_steps):
             return
         try:
-            self.ring.take(self.num_steps, self._position(), snapshots.Trainable(model), optimizer, self.scheduler)
+            self.ring.take(self.num_steps, self._position(), snapshots.Trainable(model), optimizer, self.scheduler,
+                           restorable.scaler_state(self.scaler))
         except Exception as exc:
             self.monitor._fail(exc, "snapshot")
 
@@ -239,7 +260,8 @@ class Guard:
         """Snapshots on and the step held: roll back when some rank's weights are non-finite (every rank
         together), halt when there is nothing to go back to; else the gate's own path, its record written."""
         outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
-                                     snapshots.Trainable(model), optimizer, self.scheduler)
+                                     snapshots.Trainable(model), optimizer, self.scheduler,
+                                     scaler=restorable.scaler_state(self.scaler))
         if outcome == "halt":
             self.monitor.halted_at = hold.step
             raise LossguardHalt(hold.step)

@@ -20,14 +20,6 @@ class OptionError(ValueError):
     pass
 
 
-# `RecoverOptions(snapshot_every=None)`: snapshots every AUTO_EVERY steps when at most ADAPTER_SHARE of the
-# model's weights train. LoRA on attention projections trains well under 1%, adapters and prefix tuning a
-# few percent; 5% keeps a snapshot (12 bytes per trained parameter) under a tenth of the 16-bit model's own
-# size. Ten steps bound what a rollback loses to ten steps' compute.
-AUTO_EVERY = 10
-ADAPTER_SHARE = 0.05
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecoverOptions:
     """How `recover=True` behaves; `recover=RecoverOptions(budget=..., window=...)` refines it.
@@ -43,9 +35,9 @@ class RecoverOptions:
     `snapshot_every`: keep host snapshots of each rank's own state every S steps (monitor/snapshots.py), so a
     fault seen only after the step was applied (non-finite weights) is rolled back; 0: off. A snapshot costs
     host memory per rank, about 12 bytes per TRAINED parameter for fp32 Adam (less per rank under ZeRO),
-    times `keep` (2). None (the default) decides by that cost (`every_for`): on, every AUTO_EVERY steps,
-    when the run trains at most ADAPTER_SHARE of the model's weights (LoRA and other adapters, where a
-    snapshot is a few MiB), off otherwise (a full fine-tune's snapshot is the size of its optimizer state).
+    times `keep` (2), and a rollback a fresh copy of the optimizer state at its peak. None (the default)
+    decides by that cost, measured at the first step against the host memory free per local rank: on, every
+    10 steps, when it fits, off otherwise; said in one line at the start (monitor/sizing.py).
 
     `replay`: replay a held step to classify it (`transient` / `sample`, monitor/replay.py) where the entry
     point can: `Guard.commit(..., forward=...)`, and `attach(engine)` when the engine took one micro-batch
@@ -58,18 +50,6 @@ class RecoverOptions:
     keep: int = 2
     replay: bool = True
 
-    def every_for(self, model: Any) -> int:
-        """The snapshot interval for this model: `snapshot_every` when set, else AUTO_EVERY for an adapter
-        fine-tune (trainable weights at most ADAPTER_SHARE of all) and 0 (off) for the rest."""
-        if self.snapshot_every is not None:
-            return self.snapshot_every
-        try:
-            sizes = [(p.numel(), p.requires_grad) for p in model.parameters()]
-        except Exception:
-            return 0
-        total, trained = sum(n for n, _ in sizes), sum(n for n, grad in sizes if grad)
-        return AUTO_EVERY if total and trained <= ADAPTER_SHARE * total else 0
-
     def __post_init__(self) -> None:
         problems = [f"recover.{name} must be an int >= 1, got {getattr(self, name)!r}"
                     for name in ("budget", "window", "keep") if not _positive_int(getattr(self, name))]
@@ -77,7 +57,7 @@ class RecoverOptions:
             problems.append(f"recover.replay must be True or False, got {self.replay!r}")
         every = self.snapshot_every
         if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
-            problems.append(f"recover.snapshot_every must be None (decided by the model) or an int >= 0, "
+            problems.append(f"recover.snapshot_every must be None (decided by the host's free memory) or an int >= 0, "
                             f"got {every!r}")
         if not problems and self.budget > self.window:
             problems.append(f"recover.budget ({self.budget}) must not exceed recover.window ({self.window})")

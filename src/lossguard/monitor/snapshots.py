@@ -4,11 +4,12 @@ A fault seen only after the step was applied (weights that turned non-finite) ca
 is already bad. With snapshots on, every rank keeps a ring (`keep`, default 2) of host copies of its OWN
 state, taken when `Guard.commit` lets step n through and n - 1 is a multiple of S (so the first is the
 initial state): the model's state_dict, the optimizer's (Adam moments, step counts, param groups and their
-LRs), the scheduler's when the Guard was given one, every RNG (`replay.capture_rng`) and the data position
-(batches `Guard.batches` had handed out before step n). The step number decides, not communication: every
+LRs), the LR schedulers' (given, or found: monitor/restorable.py), an fp16 GradScaler's scale, every RNG
+(`replay.capture_rng`) and the data position (batches `Guard.batches` had handed out before step n). The step number decides, not communication: every
 rank snapshots at the same step, with no collective. Cost on the host, per rank: a copy of the weights
 and of the optimizer state, about 12 bytes per parameter for fp32 Adam (4 weights + 8 moments), times
-`keep`.
+`keep`, and a rollback's fresh copy of the optimizer state at its peak; whether that fits decides the
+default (monitor/sizing.py).
 
 The host buffers of a ring slot are allocated once and copied into (`fill`): a new snapshot reuses the
 oldest slot's tensors where the layout is unchanged, so the normal path allocates nothing (allocating and
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import dist, replay
+from lossguard.monitor import dist, replay, restorable
 from lossguard.monitor.recover import DRIFT
 
 
@@ -159,6 +160,7 @@ class Snapshot:
     scheduler: dict[str, Any] | None
     rng: dict[str, Any]
     event: Any = field(default=None, repr=False)  # CUDA: fires once its copies are done; None: no copy queued
+    scaler: dict[str, Any] | None = None  # an fp16 GradScaler's scale and growth tracker (restorable.py)
 
     @property
     def size(self) -> int:
@@ -184,7 +186,8 @@ class Ring:
     def due(self, step: int) -> bool:
         return (step - 1) % self.every == 0
 
-    def take(self, step: int, batches: int, model: Any, optimizer: Any, scheduler: Any) -> Snapshot:
+    def take(self, step: int, batches: int, model: Any, optimizer: Any, scheduler: Any,
+             scaler: Any = None) -> Snapshot:
         """A snapshot into the oldest slot's buffers once the ring is full. The slot leaves the ring before
         it is overwritten: when the copy fails half way, the ring holds one snapshot less, never a torn one."""
         old = self.ring.popleft() if len(self.ring) == self.ring.maxlen else None
@@ -193,26 +196,31 @@ class Ring:
             state = (fill(old.model if old else None, model.state_dict(), copier),
                      fill(old.optimizer if old else None, optimizer.state_dict(), copier)
                      if optimizer is not None else None,
-                     host_copy(scheduler.state_dict()) if scheduler is not None else None)
+                     host_copy(scheduler.state_dict()) if scheduler is not None else None,
+                     fill(old.scaler if old else None, scaler.state_dict(), copier) if scaler is not None else None)
         finally:  # whatever was queued, the compute stream must not update its sources before it is read
             event = copier.finish()
             self.stream = copier.stream
-        snap = Snapshot(step, batches, *state, replay.capture_rng(), event)
+        snap = Snapshot(step, batches, *state[:3], replay.capture_rng(), event, state[3])
         self.ring.append(snap)
         return snap
 
     @staticmethod
-    def restore(snap: Snapshot, model: Any, optimizer: Any, scheduler: Any) -> None:
-        """In place (the parameters keep their identity: the optimizer and DDP hold them). The optimizer gets
-        a fresh copy: on the same device `load_state_dict` keeps the tensors given, and Adam updates them in
-        place, which would change the snapshot under the ring (whose buffers the next snapshot into this
-        slot overwrites, too)."""
+    def restore(snap: Snapshot, model: Any, optimizer: Any, scheduler: Any, scaler: Any = None) -> None:
+        """In place (the parameters keep their identity: the optimizer and DDP hold them). A torch optimizer
+        gets a fresh copy: on the same device `load_state_dict` keeps the tensors given, and Adam updates
+        them in place, which would change the snapshot under the ring (whose buffers the next snapshot into
+        this slot overwrites, too); that copy is a rollback's peak host memory (sizing.restore_bytes). One
+        that copies back in place (`copies_in_place`: DeepSpeed's) reads the snapshot as it is."""
         snap.wait()
         model.load_state_dict(snap.model)
         if optimizer is not None and snap.optimizer is not None:
-            optimizer.load_state_dict(host_copy(snap.optimizer))
+            in_place = getattr(optimizer, "copies_in_place", False)
+            optimizer.load_state_dict(snap.optimizer if in_place else host_copy(snap.optimizer))
         if scheduler is not None and snap.scheduler is not None:
             scheduler.load_state_dict(host_copy(snap.scheduler))
+        if scaler is not None and snap.scaler is not None:
+            scaler.load_state_dict(snap.scaler)
         replay.restore_rng(snap.rng)
         for param in model.parameters():
             param.grad = None
@@ -267,20 +275,28 @@ def find(ring: Ring, step: int) -> Snapshot:
 
 
 ACTION = ("rollback: the weights were non-finite after an applied step; every rank restored the snapshot "
-          "named (weights, optimizer, scheduler, RNG), the batches since it skipped, not replayed")
+          "named ({restored}), the batches since it skipped, not replayed")
 
 
 JUMP_ACTION = ("rollback: the loss jumped far above the run's spread and jumped again when the batch was "
                "replayed, with finite weights: the state, not the batch; every rank restored the snapshot named "
-               "(weights, optimizer and its LRs, scheduler, RNG), the batches since it skipped, not replayed")
+               "({restored}), the batches since it skipped, not replayed")
 
 
 DRIFT_ACTION = ("rollback: the replicas' weights differed (one rank's copy drifted from the others'); every "
-                "rank restored the newest snapshot fingerprinted alike on every rank, the batches since it skipped")
+                "rank restored the newest snapshot fingerprinted alike on every rank ({restored}), the batches "
+                "since it skipped")
+
+
+def restored(snap: Snapshot, scheduler: Any, scaler: Any = None) -> list[str]:
+    """What restoring `snap` gives back, as the event names it: no scheduler named when none was held."""
+    return ["weights"] + (["optimizer state and its LRs"] if snap.optimizer is not None else []) + \
+        ([f"LR scheduler {restorable.name(scheduler)}"] if scheduler is not None and snap.scheduler is not None
+         else []) + (["loss scale"] if scaler is not None and snap.scaler is not None else []) + ["RNG"]
 
 
 def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optimizer: Any,
-             scheduler: Any, jump: bool = False) -> str:
+             scheduler: Any, jump: bool = False, scaler: Any = None) -> str:
     """On a held step, with snapshots on: "none" (weights finite: the gate's own path goes on), "rolled"
     (every rank restored the same snapshot; the step stays held), or "halt" (non-finite weights and no
     snapshot finite on every rank). `jump` (a loss jump that came back on replay) and a held drift roll
@@ -297,7 +313,7 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
     snap = find(ring, verdict.target)
     error = None
     try:
-        Ring.restore(snap, model, optimizer, scheduler)
+        Ring.restore(snap, model, optimizer, scheduler, scaler)
     except Exception as exc:  # one rank's (out of memory): agreed on below, never raised into the loop
         error = f"{type(exc).__name__}: {exc}"
     failed = {r: e for r, e in enumerate(dist.gather_objects(error)) if e}  # SYNC POINT: rollback path only
@@ -312,8 +328,10 @@ def rollback(monitor: Any, ring: Ring, hold: Any, handed: int, model: Any, optim
     cause = ("non-finite weights", "nonfinite", "LOSS001", ACTION, verdict.bad_ranks) if verdict.bad_ranks else \
         (DRIFT, "rank-desync", "RANK001", DRIFT_ACTION, hold.ranks) if drift else \
         ("a loss jump that came back on replay", "loss-spike", "LOSS006", JUMP_ACTION, hold.ranks)
+    what = restored(snap, scheduler, scaler)
     event = {**monitor.gate.event(hold), "kind": "rollback", "ranks": cause[4], "steps_lost": lost,
-             "signature": cause[1], "code": cause[2], "action": cause[3],
+             "signature": cause[1], "code": cause[2], "action": cause[3].format(restored=", ".join(what)),
+             "restored": what,
              "snapshot": {"step": snap.step, "batches": snap.batches, "bytes": snap.size},
              "batches_skipped": handed - snap.batches}
     monitor.gate.note(event)

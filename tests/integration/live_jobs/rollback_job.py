@@ -7,7 +7,8 @@ NAN_STEP), `lr_spike` (30 steps, `commit(forward=...)`: the LR is 10^4 times too
 SPIKE_STEP on every rank; the weights stay finite but the loss explodes at the next step, comes back on
 replay, and the run is rolled back), `drift` (fingerprints every step; rank 1 nudges one of its weights
 right after step DRIFT_STEP: the replicas differ at the next step and are rolled back), `snap_healthy` (snapshots on, no fault), `plain` (the same run without
-lossguard), `restore_fails` (as `nan_weights`, but loading the optimizer's state raises on rank 1 alone
+lossguard), `nan_default` (as `nan_weights` under `Guard(recover=True)` alone: no `snapshot_every`, no
+`scheduler=`; snapshots on by default, every 10 steps, the LambdaLR found), `restore_fails` (as `nan_weights`, but loading the optimizer's state raises on rank 1 alone
 during the restore, as an out-of-memory error would: every rank halts at the held step; run alone with a
 short process-group timeout, LOSSGUARD_TEST_PG_TIMEOUT_S). Every rank
 writes OUT_DIR/SCENARIO/rank{r}.json: its losses, what commit returned, whether its final weights are
@@ -34,10 +35,11 @@ def run(out_dir: str, name: str) -> None:
 
     rank, work, model, optimizer = start(out_dir, name)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    default = name == "nan_default"  # recover=True alone: snapshots decided by the host, the scheduler found
     guard = None if name == "plain" else lossguard.Guard(
-        model, optimizer, scheduler=scheduler, events_dir=os.path.join(work, "events"),
+        model, optimizer, **({} if default else {"scheduler": scheduler}), events_dir=os.path.join(work, "events"),
         fingerprint_every=1 if name == "drift" else 4,
-        recover=lossguard.RecoverOptions(snapshot_every=EVERY))
+        recover=True if default else lossguard.RecoverOptions(snapshot_every=EVERY))
     out: dict = {"losses": [], "commits": [], "halted_at": None}
     if name == "restore_fails" and rank == 1:
         def load_state_dict(state):
@@ -64,7 +66,7 @@ def run(out_dir: str, name: str) -> None:
             if name == "drift" and rank == 1 and len(out["losses"]) == DRIFT_STEP:
                 with torch.no_grad():  # this replica alone drifts: finite, and invisible to the loss
                     model.module.head.weight[0, 0] += 1e-2
-            if name in ("nan_weights", "restore_fails") and rank == 1 and len(out["losses"]) == NAN_STEP:
+            if name in ("nan_weights", "restore_fails", "nan_default") and rank == 1 and len(out["losses"]) == NAN_STEP:
                 with torch.no_grad():  # a fault the gate cannot see: it is applied after the step
                     model.module.head.weight[0, 0] = float("nan")
     except lossguard.LossguardHalt as halt:

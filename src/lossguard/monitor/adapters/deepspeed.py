@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lossguard.monitor import quarantine, replay, snapshots, tensors
+from lossguard.monitor import quarantine, replay, restorable, sizing, snapshots, tensors
 from lossguard.monitor.adapters import ds_hold, ds_replay, ds_snapshots
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import LossguardHalt, exit_after_halt
@@ -92,17 +92,37 @@ class EngineGate:
         self.replay_from = replay_from
         monitor.lag = 1  # fingerprints and update ratios are read before the step
         monitor.deferred = True
-        every = monitor.gate.options.every_for(engine.module)
-        why = ds_snapshots.supported(engine) if every else None
-        if why is not None and monitor.gate.options.snapshot_every is None:  # decided here, not asked for
-            every, why = 0, None
-        self.ring = snapshots.Ring(every, monitor.gate.options.keep) if every else None
-        monitor.gate.watch_drift = self.ring is not None  # a drifted replica can be rolled back: held
-        if why is not None:
+        why = ds_snapshots.supported(engine)
+        if why is not None and monitor.gate.options.snapshot_every:  # asked for: refused here, at the start
             raise OptionError(f"lossguard: recover.snapshot_every needs an optimizer whose state lossguard knows; "
                               f"this engine's is {why}. Set snapshot_every=0 (the gate still holds faulty steps)")
+        self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
         self.shard, self.optimizer_state = ds_snapshots.ShardState(engine), ds_snapshots.OptimizerState(engine)
-        self.scheduler = scheduler or (lambda: engine.lr_scheduler)
+        self.given = scheduler or (lambda: engine.lr_scheduler)
+        self.found: Any = None  # the LR schedulers bound to the optimizer, when none was given (restorable.py)
+        monitor.planner = sizing.Planner(monitor, lambda: (self.shard, self.optimizer_state), self._plan,
+                                         None if why is None else f"this engine's optimizer is {why}")
+
+    def scheduler(self) -> Any:
+        """The LR scheduler a snapshot holds: the one given (the engine's, the Trainer's), else those found."""
+        return self.given() or self.found
+
+    def _plan(self, every: int) -> str:
+        """Snapshots every `every` steps (0: off), alike on every rank (monitor/sizing.py); what a rollback
+        restores. Called inside the first step's exchange, before the gate judges that step."""
+        if not every:
+            return ""
+        self.ring = snapshots.Ring(every, self.monitor.gate.options.keep)
+        self.monitor.gate.watch_drift = True  # a drifted replica can be rolled back: held
+        self.monitor.gate.replay = True  # a held step's record waits for the rollback check
+        given = self.given()
+        if given is None:
+            inner = getattr(self.engine.optimizer, "optimizer", None)
+            self.found = restorable.bundle(restorable.find(self.engine.optimizer, inner))
+        held = given or self.found
+        scheduler = "no LR scheduler (none given, none bound to the optimizer)" if held is None else \
+            f"the LR scheduler {restorable.name(held)}" + (" (found)" if given is None else "")
+        return f"this rank's shard of the weights, optimizer state and loss scale, {scheduler}, RNG"
 
     def step(self, run_step: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, bool]:
         """(what `engine.step()` returned, None when held; whether the run must halt now)."""

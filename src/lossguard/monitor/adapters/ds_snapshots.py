@@ -90,10 +90,21 @@ class ShardState:
 
 
 class OptimizerState:
-    """The inner optimizer's state tensors, LRs and the loss scaler's numbers, as the ring sees an optimizer."""
+    """The inner optimizer's state tensors, LRs and the loss scaler's numbers, as the ring sees an optimizer.
+    A restore copies every tensor back in place (`copies_in_place`): the ring's snapshot is read as it is,
+    with no fresh copy, so a rollback needs no host memory beyond the ring (monitor/sizing.py)."""
+
+    copies_in_place = True
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+
+    def lazy_bytes(self) -> int:
+        """The state the inner optimizer will make at its first step for the partitions it holds none for yet
+        (ZeRO makes Adam's at the engine's start; a plain torch optimizer at its first step): counted as
+        Adam's two moments of each, for the start's sizing."""
+        inner = self._inner()
+        return sum(2 * p.numel() * p.element_size() for p in self._keys(inner) if p not in inner.state)
 
     def _inner(self) -> Any:
         optimizer = self.engine.optimizer

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lossguard.monitor import quarantine, tensors
+from lossguard.monitor import quarantine, sizing, tensors
 from lossguard.monitor.adapters import ds_replay
 from lossguard.monitor.adapters.deepspeed import EngineGate
 from lossguard.monitor.adapters.instance import noop_step
@@ -40,6 +40,10 @@ class TrainerGate:
         self.halt = False
         self._undo: list[Callable[[], None]] = []
         callback.monitor.lag = 1  # fingerprints and update ratios are read before the step
+        callback.monitor.planner = sizing.Planner(  # said in the start line: no snapshots here yet
+            callback.monitor, None, lambda every: "",
+            "the Trainer without DeepSpeed holds faulty steps, it does not roll back (snapshots and rollback: "
+            "the Trainer under DeepSpeed, attach, Guard)")
 
     def before_step(self, state: Any, optimizer: Any, scheduler: Any) -> None:
         monitor = self.callback.monitor

@@ -13,8 +13,8 @@ have a gradient. The gate decides there, through `Guard.commit` (the step's exch
 - a halt (the budget spent) holds the step too; the callback stops the run at `on_train_batch_end`, outside
   the optimizer's closure, where it may save a checkpoint.
 
-No replay (the closure is Lightning's: a replay would run `training_step` a second time inside it) and, for
-snapshots, the first LR scheduler is the one a snapshot holds.
+No replay (the closure is Lightning's: a replay would run `training_step` a second time inside it). A snapshot
+holds every LR scheduler of `lr_scheduler_configs`, step- and epoch-interval alike.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lossguard.monitor import restorable
 from lossguard.monitor.adapters.instance import noop_step
 from lossguard.monitor.guard import LossguardHalt
 
@@ -39,8 +40,9 @@ class Gate:
     def start(self, trainer: Any) -> None:
         configs = getattr(trainer, "lr_scheduler_configs", None) or []
         self._schedulers = [c.scheduler for c in configs if getattr(c, "interval", "epoch") == "step"]
-        if self._schedulers:
-            self.callback.guard.scheduler = self._schedulers[0]
+        every = [c.scheduler for c in configs if getattr(c, "scheduler", None) is not None]
+        if every:
+            self.callback.guard.scheduler = restorable.bundle(every)
 
     def observe(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         accumulate = trainer.accumulate_grad_batches
