@@ -22,7 +22,7 @@ from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
 from lossguard.core.records import TRAIN, Record, event
 from lossguard.detectors import make_detectors
-from lossguard.monitor import deferred, dist, first_step, summary, tensors, wire
+from lossguard.monitor import deferred, dist, first_step, sharding, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.settle import Settling
@@ -72,9 +72,17 @@ class Monitor:
         self._micro: list[tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]] = []
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self._trainable = trainable
+        # FSDP (monitor/sharding.py): the parameters this rank holds a shard of, with their share of the
+        # run's squared gradient norm; `_replicated`: the rest, whose norm every rank measures whole.
+        shares = sharding.weights(model, [p for _, p in trainable], self.world_size)
+        self.sharded = [(p, shares[id(p)]) for _, p in trainable if id(p) in shares]
+        self._sharded_ids = frozenset(shares)
+        self._replicated = [p for _, p in trainable if id(p) not in shares]
         self.groups, assign = tensors.assign_groups(trainable, options.module_groups)
         self.updates = tensors.UpdateSampler(trainable, self.groups, assign, options.update_sample_size)
-        self.grad_watch = tensors.GradWatch(trainable)
+        # FSDP sets a shard's gradient itself after its reduce-scatter, not through autograd: a tensor hook
+        # on the shard never fires, so only the replicated parameters are watched
+        self.grad_watch = tensors.GradWatch([(n, p) for n, p in trainable if id(p) not in shares])
         num_lr = len(getattr(optimizer, "param_groups", None) or []) or 1
         self.layout = wire.Layout(num_lr=num_lr, groups=tuple(self.groups))
         self.jsonl = None
@@ -84,14 +92,19 @@ class Monitor:
         self._watched: dict[int, int] = {}  # above the threshold: rank -> the last step it stood out
         # Above the threshold a step is reduced, and gathered only when there is something to look at.
         self.exchange = Exchange(self.layout, self.world_size, options.detail_every_step_up_to)
-        self.facts = {"world_size": self.world_size, **(facts or {})}
+        self.facts = {"world_size": self.world_size, **sharding.facts(model), **(facts or {})}
         if options.events_dir is not None:
             self.jsonl = JsonlSink(options.events_dir, self.rank, {"world_size": self.world_size, "entry": entry})
         if options.webhook_url and self.rank == 0:
             self.webhook = Webhook(options.webhook_url)
         self._emit_records([event("facts", None, None, **self.facts)])
-        if self._scheduled(1):
-            self.updates.snapshot()
+        self._said_skipped = 0
+        try:  # never an exception into the user's constructor: a failure is reported at the first exchange
+            self._say_skipped()
+            if self._scheduled(1):
+                self.updates.snapshot()
+        except Exception as exc:
+            self._fail(exc, "start")
 
     # -- per micro-batch -------------------------------------------------------------------------
     def observe_micro(self, loss: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -184,6 +197,10 @@ class Monitor:
                 self.updates.snapshot()
             except Exception as exc:
                 self._fail(exc, "update snapshot")
+        try:
+            self._say_skipped()
+        except Exception as exc:
+            self._fail(exc, "unreadable tensors")
         if (hits or getattr(hold, "give_up", False)) and self.halted_at is None:
             self.halted_at = step
             self._announce_halt(step, hits, hold)
@@ -291,11 +308,33 @@ class Monitor:
         """This rank's measurements, still on the device: nothing here waits for the host."""
         values = wire.StepValues(grad_norm=grad_norm, loss_scale=loss_scale, skipped_steps=skipped, lrs=lrs or [],
                                  emptied=self.emptied)
+        if self.sharded and _local_norm(grad_norm):
+            # FSDP: the run's norm is folded from every rank's share in the exchange (wire.fold_shard_norms)
+            values.grad_norm = tensors.grad_norm(self._replicated)
+            values.grad_sq_shard = tensors.sharded_grad_sq(self.sharded)
+        elif sharding.is_dtensor(grad_norm):  # a norm replicated on every rank: its local value is the run's
+            values.grad_norm = grad_norm.to_local()
         wire.put_micro(values, micro, self.device)
         if self._measured(step):
-            values.param_fingerprint = tensors.fingerprint(self.model)  # None under ZeRO-3: no replicas
+            # None under ZeRO-3 and FSDP: no replicas
+            values.param_fingerprint = tensors.fingerprint(self.model, self._sharded_ids)
             values.update_ratios = self.updates.ratios(keep=self._measured(step + 1))
         return values
+
+    def _say_skipped(self) -> None:
+        """Parameters the update sampler cannot read (left out of the update ratios), said once each: an
+        `unreadable-tensors` event in this rank's events file, a line on rank 0's console."""
+        new = self.updates.skipped[self._said_skipped:]
+        if not new:
+            return
+        self._said_skipped = len(self.updates.skipped)
+        names = [name for name, _ in new]
+        self._emit_records([event("unreadable-tensors", None, self.rank, params=names[:50], count=len(names),
+                                  why=new[0][1])])
+        if self.rank == 0 and self.options.console:
+            say(f"lossguard: {len(names)} parameter(s) left out of the update ratios, which this guard cannot "
+                f"read ({names[0]}{', ...' if len(names) > 1 else ''}: {new[0][1]}); training and the other "
+                f"signals are unaffected")
 
     def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:
         """A step read from the summary alone: the run-level record through the engine. This rank's own row
@@ -428,6 +467,14 @@ class Monitor:
                                                detail=self._local_error)))
         if self.rank == min(ranks):  # reported once, by the rank that knows the detail
             say(text)
+
+
+def _local_norm(grad_norm: Any) -> bool:
+    """True when a given gradient norm is not the run's under sharding: none given (the entry point leaves
+    it to the monitor), or a DTensor not replicated on every rank (a partial norm)."""
+    if grad_norm is None:
+        return True
+    return sharding.is_dtensor(grad_norm) and not all(p.is_replicate() for p in grad_norm.placements)
 
 
 class _Reported(Exception):

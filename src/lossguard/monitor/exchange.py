@@ -35,18 +35,18 @@ class Exchange:
         world = self.collectives
         if not self.summarised:
             self.steps_by_path["detail"] += 1
-            return world.gather_rows(vector), None, None
+            return wire.fold_shard_norms(world.gather_rows(vector)), None, None
         if first or step <= self.detail_until:  # known in advance: no reduction
-            rows = world.gather_rows(vector)
+            rows = wire.fold_shard_norms(world.gather_rows(vector))
             seen = summary.of_rows(self.layout, rows)
             self.note(step, seen)
             self.steps_by_path["detail"] += 1
             return rows, seen, None
         reduced, own = world.reduce_summary(*summary.contributions(self.layout, vector), vector)
-        seen = summary.Summary.read(self.layout, reduced)
+        seen = summary.fold_shard_norm(summary.Summary.read(self.layout, reduced))
         if self.note(step, seen):
             self.steps_by_path["detail"] += 1
-            return world.gather_rows(vector), seen, None
+            return wire.fold_shard_norms(world.gather_rows(vector)), seen, None
         self.steps_by_path["summary"] += 1
         return None, seen, own
 

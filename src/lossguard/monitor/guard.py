@@ -279,7 +279,7 @@ class Guard:
         self._skipped = getattr(self, "_skipped", 0) + int(bool(skipped))
         optimizer = optimizer or self.optimizer
         model = model or self.model
-        if grad_norm is None and not self.monitor.disabled:
+        if grad_norm is None and not self.monitor.disabled and not self.monitor.sharded:  # FSDP: the monitor's
             try:
                 grad_norm = tensors.grad_norm(p for p in model.parameters() if p.requires_grad)
             except Exception:

@@ -27,6 +27,7 @@ from lossguard.monitor.wire import (
     ERROR,
     FINGERPRINT,
     GRAD_NORM,
+    GRAD_SQ,
     LABELS,
     LOSS_SCALE,
     MIN_LABELS,
@@ -122,6 +123,25 @@ class Summary:
 
     def skip_range(self) -> tuple[float, float] | None:
         return (self.low[SKIPPED], self.high[SKIPPED]) if self.has(SKIPPED) else None
+
+
+def fold_shard_norm(summary: Summary) -> Summary:
+    """The reduced summary with the run's gradient norm in the GRAD_NORM slot where ranks sent their shards'
+    squared norms (FSDP; `wire.fold_shard_norms` does the same for gathered rows): sqrt(their sum + the
+    replicated gradients' norm squared), the one value every sharded rank reports. A non-finite part makes
+    the norm non-finite on every rank that sent one, which `reasons` then looks at rank by rank."""
+    if not summary.has(GRAD_SQ):
+        return summary
+    ranks = summary.present[GRAD_SQ]
+    replicated = summary.value(GRAD_NORM) ** 2 if summary.has(GRAD_NORM) else 0.0
+    norm = math.sqrt(summary.total[GRAD_SQ] + replicated) if not summary.nonfinite[GRAD_SQ] else math.nan
+    finite = math.isfinite(norm)
+    lists = (summary.total, summary.present, summary.nonfinite, summary.zeros, summary.high, summary.low)
+    values = (norm * ranks if finite else 0.0, ranks, 0.0 if finite else ranks, ranks if norm == 0 else 0.0,
+              norm if finite else -math.inf, norm if finite else math.inf)
+    for column, value in zip(lists, values):
+        column[GRAD_NORM] = value
+    return summary
 
 
 def reasons(summary: Summary, last_skips: tuple[float, float] | None) -> list[str]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from lossguard.monitor.sharding import is_dtensor, local
+
 IGNORE_INDEX = -100
 
 
@@ -79,12 +81,31 @@ def output_loss(output: Any, detach: bool = True) -> torch.Tensor | None:
 
 
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
-    """L2 norm of the gradients present (device tensor; inf/nan propagate)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    """L2 norm of the gradients present on this rank (device tensor; inf/nan propagate). A sharded gradient
+    (FSDP2's DTensor) counts by its local shard: no collective here; the run's norm of sharded gradients
+    is `sharded_grad_sq`, summed over the ranks in the step's exchange."""
+    grads = [local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return None
     norms = torch._foreach_norm(grads)
     return torch.linalg.vector_norm(torch.stack([n.to(torch.float32) for n in norms]))
+
+
+def sharded_grad_sq(params: list[tuple[torch.nn.Parameter, float]]) -> torch.Tensor | None:
+    """This rank's share of the squared gradient norm of sharded parameters, (parameter, share) pairs
+    (monitor/sharding.py `weights`): the sum of share * |local shard of the gradient|^2, a float64 device
+    tensor (inf/nan propagate), None without a gradient. One multi-tensor kernel per (device, dtype)."""
+    present = [(local(p.grad), share) for p, share in params if p.grad is not None]
+    if not present:
+        return None
+    total = None
+    for positions, grads in _by_device_and_dtype([grad for grad, _ in present]):
+        squares = torch.stack(_norms(grads)).double() ** 2
+        shares = [present[i][1] for i in positions]
+        term = squares.sum() * shares[0] if len(set(shares)) == 1 else \
+            (squares * torch.tensor(shares, dtype=torch.float64, device=squares.device)).sum()
+        total = term if total is None else total + term.to(total.device)
+    return total
 
 
 def optimizer_params(optimizer: Any) -> list[torch.nn.Parameter] | None:
@@ -120,7 +141,7 @@ def _is_zero3(param: torch.nn.Parameter) -> bool:
     return hasattr(param, "ds_id") and hasattr(param, "ds_tensor")
 
 
-def fingerprint(model: torch.nn.Module) -> torch.Tensor | None:
+def fingerprint(model: torch.nn.Module, sharded: frozenset[int] = frozenset()) -> torch.Tensor | None:
     """A float64 fingerprint of the parameters this rank holds as a replica (device tensor), or None when
     it holds none.
 
@@ -131,9 +152,11 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor | None:
     DeepSpeed re-gathers every full copy from those shards at every step (persistent ones included), so
     ranks can never disagree on them. Leaving them out also keeps this free of collectives: gathering a 7B
     model's embedding on every rank for a print would cost a full-model all-gather and could run a rank out
-    of memory.
+    of memory. The same holds for FSDP's shards (`sharded`: their ids, monitor/sharding.py) and for any
+    DTensor: a rank holds no replica of them.
     """
-    params = [p.data for p in model.parameters() if not _is_zero3(p)]
+    params = [p.data for p in model.parameters()
+              if not _is_zero3(p) and id(p) not in sharded and not is_dtensor(p)]
     if not params:
         return None
     total = None
@@ -175,21 +198,45 @@ class UpdateSampler:
     """Largest |Δw|/|w| per module group, from a fixed sample of each trainable parameter.
 
     `snapshot()` copies at most `sample_size` leading elements of every parameter (ZeRO-3: of this rank's
-    partition) into one flat float32 buffer; `ratios()` after the optimizer step compares: a concatenation, a
-    subtraction, two multi-tensor norms and two sums by group, whatever the number of parameters. Memory and
-    time stay tiny at any scale.
+    partition; FSDP: of this rank's shard) into one flat float32 buffer; `ratios()` after the optimizer step
+    compares: a concatenation, a subtraction, two multi-tensor norms and two sums by group, whatever the
+    number of parameters. Memory and time stay tiny at any scale. A parameter it cannot read is left out,
+    with why, in `skipped` (the monitor says it once): the ratios of the rest still count.
     """
 
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], groups: list[str],
                  assign: dict[str, str], sample_size: int) -> None:
         self.groups = groups
-        self.items = [(groups.index(assign[name]), param) for name, param in named_params]
         self.sample_size = sample_size
         self.saved: torch.Tensor | None = None
+        self.skipped: list[tuple[str, str]] = []  # (parameter name, why it cannot be read)
+        self.items: list[tuple[int, torch.nn.Parameter]] = []
+        self._names: list[str] = []
+        for name, param in named_params:
+            self._keep(name, groups.index(assign[name]), param)
+
+    def _keep(self, name: str, group: int, param: torch.nn.Parameter) -> None:
+        why = unreadable(param)
+        if why is None:
+            self.items.append((group, param))
+            self._names.append(name)
+        else:
+            self.skipped.append((name, why))
 
     def _sample(self) -> torch.Tensor:
         """The leading elements of every parameter, as one flat float32 tensor on the first one's device
-        (torch.cat promotes mixed dtypes; a model split over GPUs sends its samples over device to device)."""
+        (torch.cat promotes mixed dtypes; a model split over GPUs sends its samples over device to device).
+        A parameter that turns unreadable is dropped (and the last snapshot with it: its layout changed)."""
+        try:
+            return self._cat()
+        except Exception:
+            items, names = self.items, self._names
+            self.items, self._names, self.saved = [], [], None
+            for name, (group, param) in zip(names, items):
+                self._keep(name, group, param)
+            return self._cat()
+
+    def _cat(self) -> torch.Tensor:
         views = [_partition(param).detach().reshape(-1)[: self.sample_size] for _, param in self.items]
         if not views:
             return torch.zeros(0)
@@ -205,7 +252,11 @@ class UpdateSampler:
         if self.saved is None:  # no snapshot to compare with (a resumed run's first step): start one
             self.saved = self._sample() if keep else None
             return None
-        now, old = self._sample(), self.saved
+        old = self.saved
+        now = self._sample()
+        if self.saved is None:  # a parameter was dropped while sampling: the snapshot no longer lines up
+            self.saved = now if keep else None
+            return None
         self.saved = now if keep else None
         if not self.items:
             return []
@@ -220,8 +271,20 @@ class UpdateSampler:
         return list(by_group.unbind())
 
 
+def unreadable(param: torch.nn.Parameter) -> str | None:
+    """Why this rank cannot read a flat view of its part of `param` (None: it can). Tried once per
+    parameter, at the start (and again only if a sample fails)."""
+    try:
+        _partition(param).detach().reshape(-1)[:1]
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
 def _partition(param: torch.nn.Parameter) -> torch.Tensor:
-    return param.ds_tensor if _is_zero3(param) else param.data
+    """The part of a parameter this rank holds: ZeRO-3's partition, FSDP2's local shard, FSDP1's flat shard
+    (or, with `use_orig_params`, this rank's view of it), else the whole tensor."""
+    return param.ds_tensor if _is_zero3(param) else local(param.data)
 
 
 @functools.lru_cache(maxsize=16)

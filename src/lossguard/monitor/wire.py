@@ -2,7 +2,7 @@
 
 One fixed-length float64 vector a rank, so the step's collectives (`dist.gather_rows`, and above the
 world-size threshold the summary's all_reduce, monitor/summary.py) have the same shape on every rank:
-nine base slots, then `num_lr` learning rates, then one update ratio per module group. The PRESENT slot
+ten base slots, then `num_lr` learning rates, then one update ratio per module group. The PRESENT slot
 says which optional signals the rank measured at this step (a bit each); absent slots are NaN.
 The ERROR slot set means "this rank's lossguard failed": the row carries nothing else (every slot NaN).
 
@@ -20,13 +20,17 @@ from typing import Any
 
 import torch
 
-RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR, PRESENT = range(9)
-NUM_BASE = 9
+RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR, PRESENT, GRAD_SQ = range(10)
+NUM_BASE = 10
 # Bits of the PRESENT slot: which optional signals this rank measured at this step.
 HAS_LOSS, HAS_LABELS, HAS_GRAD_NORM, HAS_SCALE, HAS_SKIPPED, HAS_PRINT, HAS_UPDATE, HAS_LR = (1 << i for i in range(8))
 # Not a signal: this rank's batch held only quarantined samples (monitor/quarantine.py `shed`); every rank
 # skips the step (monitor/recover.py). Sent with no label token, so a summarised step gathers its rows.
 EMPTIED = 1 << 8
+# GRAD_SQ: the squared gradient norm of the shards this rank holds (FSDP, monitor/sharding.py), its share of
+# a sum over the ranks. `fold_shard_norms` turns the gathered rows' parts into the run's gradient norm, the
+# one FSDP's own `clip_grad_norm_` computes, with no collective beyond the step's exchange.
+HAS_GRAD_SQ = 1 << 9
 
 # (slot, bit, signal name) of the single-value optional signals.
 _SCALARS = ((GRAD_NORM, HAS_GRAD_NORM, "grad_norm"), (LOSS_SCALE, HAS_SCALE, "loss_scale"),
@@ -80,6 +84,7 @@ class StepValues:
     lrs: list[Any] = field(default_factory=list)
     update_ratios: list[Any] | None = None
     emptied: bool = False  # the quarantine left this rank's batch empty
+    grad_sq_shard: Any = None  # FSDP: this rank's share of the squared gradient norm (GRAD_SQ)
 
 
 def put_micro(values: StepValues, micro: list[tuple[Any, Any, Any]], device: torch.device) -> None:
@@ -135,6 +140,9 @@ class Layout:
             for i, ratio in enumerate(values.update_ratios):
                 slots[NUM_BASE + self.num_lr + i] = ratio
             present |= HAS_UPDATE
+        if values.grad_sq_shard is not None:
+            slots[GRAD_SQ] = values.grad_sq_shard
+            present |= HAS_GRAD_SQ
         if values.emptied:
             slots[LABELS], slots[MIN_LABELS] = 0.0, 0.0
             present |= HAS_LABELS | EMPTIED
@@ -177,15 +185,40 @@ def slot_bits(layout: Layout) -> tuple[int, ...]:
     """The PRESENT bit that says whether each slot of a row holds a measurement (0: never one; the ERROR
     and PRESENT slots are bookkeeping). The summary (monitor/summary.py) counts ranks per slot by it."""
     base = {RAW_LOSS: HAS_LOSS, LABELS: HAS_LABELS, MIN_LABELS: HAS_LABELS, GRAD_NORM: HAS_GRAD_NORM,
-            LOSS_SCALE: HAS_SCALE, SKIPPED: HAS_SKIPPED, FINGERPRINT: HAS_PRINT}
+            LOSS_SCALE: HAS_SCALE, SKIPPED: HAS_SKIPPED, FINGERPRINT: HAS_PRINT, GRAD_SQ: HAS_GRAD_SQ}
     return (*(base.get(slot, 0) for slot in range(NUM_BASE)), *(HAS_LR,) * layout.num_lr,
             *(HAS_UPDATE,) * len(layout.groups))
 
 
+def _has(row: list[float], bit: int) -> bool:
+    bits = row[PRESENT]
+    return bits == bits and bool(int(bits) & bit)
+
+
+def fold_shard_norms(rows: list[list[float]]) -> list[list[float]]:
+    """The gathered rows with each sharded rank's GRAD_NORM set to the run's gradient norm:
+    sqrt(sum over the ranks of GRAD_SQ + the rank's own norm of the replicated gradients, squared). Summed in
+    rank order, so every rank gets the same bits; a NaN or inf in any rank's part reaches every rank's
+    norm. In place; the rows."""
+    parts = [row[GRAD_SQ] for row in rows if _has(row, HAS_GRAD_SQ)]
+    if not parts:
+        return rows
+    total = 0.0
+    for part in parts:
+        total += part
+    for row in rows:
+        if not _has(row, HAS_GRAD_SQ):
+            continue
+        replicated = row[GRAD_NORM] ** 2 if _has(row, HAS_GRAD_NORM) else 0.0
+        square = total + replicated
+        row[GRAD_NORM] = math.sqrt(square) if square >= 0 else math.nan  # NaN fails the test: NaN
+        row[PRESENT] = float(int(row[PRESENT]) | HAS_GRAD_NORM)
+    return rows
+
+
 def emptied(row: list[float]) -> bool:
     """The sending rank's batch held only quarantined samples."""
-    bits = row[PRESENT]
-    return bits == bits and bool(int(bits) & EMPTIED)
+    return _has(row, EMPTIED)
 
 
 def failed(row: list[float]) -> bool:

@@ -112,7 +112,8 @@ def count_collectives() -> dict[str, int]:
     import torch.distributed as dist
 
     for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                 "broadcast", "all_gather_object", "gather_object", "barrier", "all_to_all_single", "gather"):
+                 "broadcast", "all_gather_object", "gather_object", "barrier", "all_to_all_single", "gather",
+                 "all_gather_single", "reduce_scatter_single"):
         fn = getattr(dist, name, None)
         if fn is None or getattr(fn, "lossguard_counted", False):
             continue

@@ -64,7 +64,7 @@ class LossguardCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.engine is None and self._grad_norm is None and self.monitor is not None \
-                and not self.monitor.disabled:
+                and not self.monitor.disabled and not self.monitor.sharded:  # FSDP: the monitor folds it
             # The Trainer computed no norm through its accelerator (a path that bypasses it): the norm of
             # the gradients still in .grad here, after any clipping (device op, no sync).
             self._grad_norm = tensors.grad_norm(p for p in model.parameters() if p.requires_grad)

@@ -12,8 +12,8 @@ A `Guard` driven by three hooks, in the order Lightning 2.x calls them for one o
   keep the run going), and with `halt_checkpoint_dir` every rank calls `trainer.save_checkpoint` there
   (collective: rank 0 writes, all wait).
 
-The grad norm is that of the gradients in `.grad` (DDP, single device); under a sharded strategy (FSDP,
-DeepSpeed) it is the rank's shard. With `16-mixed` the precision plugin's GradScaler is the guard's `scaler`:
+The grad norm is that of the gradients in `.grad` (DDP, single device); under FSDP (FSDP1 or FSDP2) the
+run's norm, which the guard folds from every rank's shard in its per-step exchange. With `16-mixed` the precision plugin's GradScaler is the guard's `scaler`:
 its overflows (a non-finite norm beside a finite loss: Lightning's `scaler.step` skips the step) are never
 findings, held steps or budget.
 
@@ -76,7 +76,9 @@ class LossguardLightningCallback(Callback):
         if self.guard is None or self.guard.monitor.disabled:
             return
         try:  # device ops, no host sync; never raised into the user's loop
-            self._grad_norm = tensors.grad_norm(p for p in pl_module.parameters() if p.requires_grad)
+            # under FSDP the monitor folds the run's norm from every rank's shard (monitor/sharding.py)
+            self._grad_norm = None if self.guard.monitor.sharded else \
+                tensors.grad_norm(p for p in pl_module.parameters() if p.requires_grad)
             self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
         except Exception:
             self._grad_norm, self._lrs = None, None

@@ -1,0 +1,116 @@
+"""Two-rank FSDP loops (gloo, CPU) with and without `lossguard.Guard` (issue 33, FSDP).
+
+    torchrun --nproc_per_node 2 fsdp_job.py OUT_DIR SCENARIO [SCENARIO ...]
+
+Scenario names: ENGINE-ARM. ENGINE: `fsdp2` (`fully_shard` on each layer and the root: DTensor parameters),
+`fsdp1` (`FullyShardedDataParallel`, flat parameters), `fsdp1orig` (the same with `use_orig_params=True`: the
+original parameters as views of each rank's shard). ARM: `plain` (no lossguard), `guard` (Guard, `step` after
+the optimizer step, halt_on="error"), `recover` (Guard(recover=True), `commit` before the step), `nan` (as
+`guard`, rank 1's loss is NaN at NAN_STEP), `gradnan` (as `guard`, one element of rank 1's own gradient shard
+is NaN at NAN_STEP: the loss stays finite everywhere). Every arm clips at a bound no norm reaches (a no-op) to
+record the norm FSDP itself computes. Every rank writes OUT_DIR/SCENARIO/rank{r}.json (losses, FSDP's norms,
+the halt, the collectives it made); rank 0 writes summary.json (its findings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+import recover_job  # noqa: E402
+import tiny  # noqa: E402
+
+STEPS, NAN_STEP, NO_CLIP = 8, 3, 1e9
+
+
+def build(engine: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    net = recover_job.Net()
+    if engine == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(net.emb)
+        fully_shard(net.head)
+        return fully_shard(net)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel(net, use_orig_params=engine == "fsdp1orig", device_id=torch.device("cpu"))
+
+
+def fsdp_norm(model: torch.nn.Module, engine: str) -> float:
+    """The gradient norm as FSDP computes it (clipping at a bound no norm reaches: the gradients unchanged)."""
+    if engine == "fsdp2":
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), NO_CLIP)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return float(model.clip_grad_norm_(NO_CLIP))
+
+
+def poison_grad(model: torch.nn.Module) -> None:
+    """NaN in one element of this rank's own gradient shard: no other rank's gradient sees it."""
+    for param in model.parameters():
+        grad = param.grad
+        if grad is None:
+            continue
+        grad = grad.to_local() if hasattr(grad, "to_local") else grad
+        if grad.numel():
+            grad.view(-1)[0] = float("nan")
+            return
+
+
+def run(out_dir: str, name: str) -> None:
+    import lossguard
+
+    engine, arm = name.split("-")
+    if not dist.is_initialized():
+        # DETAIL: the process group checks, at every collective, that each rank makes the same call with
+        # tensors of the same shape, and fails the job at the first that differs (instead of a hang)
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    work = os.path.join(out_dir, name)
+    os.makedirs(work, exist_ok=True)
+    model = build(engine)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    before = tiny.count_collectives()
+    guard = None if arm == "plain" else lossguard.Guard(
+        model, optimizer, events_dir=os.path.join(work, "events"), console=rank == 0, fingerprint_every=2,
+        recover=arm == "recover", **({} if arm == "recover" else {"halt_on": "error"}))
+    out: dict = {"losses": [], "norms": [], "commits": [], "halted_at": None}
+    try:
+        for step in range(1, STEPS + 1):
+            batch = recover_job.batch_at(step, rank)
+            loss = model(batch["ids"], batch["labels"])
+            if arm == "nan" and step == NAN_STEP and rank == 1:
+                loss = loss * float("nan")
+            loss.backward()
+            if arm == "gradnan" and step == NAN_STEP and rank == 1:
+                poison_grad(model)
+            out["losses"].append(loss.item())
+            out["norms"].append(fsdp_norm(model, engine))
+            ok = guard.commit(loss=loss, labels=batch["labels"]) if arm == "recover" else True
+            out["commits"].append(ok)
+            if ok:
+                optimizer.step()
+            if guard is not None and arm != "recover":
+                guard.step(loss=loss, labels=batch["labels"])
+            optimizer.zero_grad()
+    except lossguard.LossguardHalt as halt:
+        out["halted_at"] = halt.step
+    if guard is not None:
+        guard.close()
+    out["collectives"] = tiny.collectives_since(before)
+    if rank == 0:
+        findings = [f.to_dict() for f in guard.monitor._emitted] if guard is not None else []
+        with open(os.path.join(work, "summary.json"), "w") as fh:
+            json.dump({"findings": findings}, fh, default=str)
+    with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
+        json.dump(out, fh)
+
+
+if __name__ == "__main__":
+    tiny.run_scenarios(run)
