@@ -39,6 +39,8 @@ class RunFacts:
     gradient_accumulation_steps: int | None = None
     gradient_checkpointing: bool | None = None
     entry_point: str | None = None  # how the live guard was attached: guard, hf, deepspeed
+    sharding_engine: str | None = None  # PyTorch FSDP sharding the live run: "fsdp1" or "fsdp2" (its version: torch's)
+    fsdp_sharding_strategy: str | None = None  # FSDP1's: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD
     # Where each fact came from, for evidence lines: {"overlap_comm": "ds_config.json"}.
     origin: dict[str, str] = field(default_factory=dict)
 

@@ -112,7 +112,7 @@ NORMAL_THEN_ZERO = C.fired("LOSS002", "the loss was normal before it fell to 0.0
 # the race window, but public reports come as often from one 8-GPU node with bf16 communication: they are
 # stated for no race (they would count a single node against it).
 RACE = ((C.ZERO12, ALWAYS), (C.MULTI_RANK, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN), (C.GRAD_FIRST, OFTEN),
-        (C.ON_EVAL, NEVER))
+        (C.ON_EVAL, NEVER), (C.FSDP_SHOWN, NEVER))
 RACE_ASKS = (ASK_STAGE, ASK_OVERLAP)
 
 # A gradient that never reaches the weights does not stop the optimizer from stepping: the scheduler moves
@@ -136,7 +136,7 @@ CAUSES: tuple[CauseRule, ...] = (
     # The amplifier: whatever made the first NaN, bf16 ZeRO applied it. Behind many dead bf16 runs.
     CauseRule(ds.BF16_NO_OVERFLOW_CHECK, {"nonfinite-hidden": 0.35, "nonfinite": 0.3},
               predicts=((C.BF16, ALWAYS), (C.FP16, NEVER), (C.CHECK_OFF, ALWAYS), (BF16_WINDOW, ALWAYS),
-                        (C.DEEPSPEED_SHOWN, OFTEN), (C.GRAD_FIRST, OFTEN), (C.ON_EVAL, NEVER)),
+                        (C.DEEPSPEED_SHOWN, OFTEN), (C.GRAD_FIRST, OFTEN), (C.ON_EVAL, NEVER), (C.FSDP_SHOWN, NEVER)),
               asks=(ASK_PRECISION, Ask("bf16.check_grad_overflow: pass --config ds_config.json", (C.CHECK_OFF,)),
                     ask_version(BF16_WINDOW))),
     # Every step overflows: the decoder's cause for an overflow storm, and for an LR frozen at its warmup
@@ -253,11 +253,12 @@ CAUSES: tuple[CauseRule, ...] = (
     # ZeRO-2 gradient-correctness regressions: no dead run, a quality loss (a slower or wrong descent). They
     # need ZeRO stage 2, gradient accumulation and a DeepSpeed release in their (narrow) window.
     CauseRule(ds.ZERO2_GA_LAST_MICROBATCH, {"not-learning": 0.02, "divergence": 0.02},
-              predicts=((C.ZERO2, ALWAYS), (C.GA, ALWAYS), (GA_WINDOW, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN)),
+              predicts=((C.ZERO2, ALWAYS), (C.GA, ALWAYS), (GA_WINDOW, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN),
+                        (C.FSDP_SHOWN, NEVER)),
               asks=(ASK_STAGE, ask_version(GA_WINDOW))),
     CauseRule(ds.ZERO2_SHARED_LOSS_GA, {"not-learning": 0.02, "divergence": 0.02},
               predicts=((C.ZERO2, ALWAYS), (C.GA, ALWAYS), (C.MULTI_RANK, ALWAYS), (C.BF16, ALWAYS),
-                        (SHARED_LOSS_WINDOW, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN)),
+                        (SHARED_LOSS_WINDOW, ALWAYS), (C.DEEPSPEED_SHOWN, OFTEN), (C.FSDP_SHOWN, NEVER)),
               asks=(ASK_STAGE, ask_version(SHARED_LOSS_WINDOW))),
     CauseRule(tr.RL_UPDATE_LOST, {"no-grad-flow": 0.02},
               predicts=((C.RL_RUN, ALWAYS), (C.REWARDS_VARY, OFTEN), (C.EQUAL_REWARDS, NEVER)),

@@ -179,6 +179,11 @@ DEEPSPEED_SHOWN = Clue("deepspeed-shown", AnyKnown(("deepspeed_version", "zero_s
                        "found", True, "the inputs show a DeepSpeed ZeRO run",
                        "nothing in the inputs shows DeepSpeed ZeRO (no version, stage, ZeRO setting or "
                        "sentinel grad norm)", RARELY)
+# The live guard on a PyTorch FSDP run (FSDP1 or FSDP2) says so: such a run has no DeepSpeed ZeRO in it, so a
+# cause that needs DeepSpeed's code predicts it never. Positive-only: a log that does not say is not a no.
+FSDP_SHOWN = Clue("fsdp-shown", Fact("sharding_engine"), "in", ("fsdp1", "fsdp2"),
+                  "the live guard saw PyTorch FSDP shard the model ({value}): no DeepSpeed ZeRO in this run",
+                  "", RARELY)
 
 GA = fact("gradient_accumulation_steps", ">=", 2, "gradient accumulation over {value} micro-batches",
           "no gradient accumulation (gradient_accumulation_steps {value})", OFTEN)

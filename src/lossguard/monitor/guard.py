@@ -112,8 +112,11 @@ class Guard:
         self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
         self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
         if options.recovery is not None:
+            # FSDP's DTensor and flat shards are not snapshotted yet: the gate still holds a faulty step
+            why_not = "the model's parameters are FSDP shards, which snapshots do not hold yet (a faulty step " \
+                "is still held before it is applied)" if self.monitor.sharded else None
             self.monitor.planner = sizing.Planner(
-                self.monitor, lambda: (snapshots.Trainable(self.model), self.optimizer), self._plan)
+                self.monitor, lambda: (snapshots.Trainable(self.model), self.optimizer), self._plan, why_not)
 
     def _plan(self, every: int) -> str:
         """Snapshots every `every` steps (0: off), the same on every rank (monitor/sizing.py); what a rollback

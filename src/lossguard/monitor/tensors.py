@@ -153,10 +153,10 @@ def fingerprint(model: torch.nn.Module, sharded: frozenset[int] = frozenset()) -
     ranks can never disagree on them. Leaving them out also keeps this free of collectives: gathering a 7B
     model's embedding on every rank for a print would cost a full-model all-gather and could run a rank out
     of memory. The same holds for FSDP's shards (`sharded`: their ids, monitor/sharding.py) and for any
-    DTensor: a rank holds no replica of them.
+    DTensor: a rank holds no replica of them. A parameter on the meta device holds no values to print.
     """
     params = [p.data for p in model.parameters()
-              if not _is_zero3(p) and id(p) not in sharded and not is_dtensor(p)]
+              if not _is_zero3(p) and id(p) not in sharded and not is_dtensor(p) and not p.is_meta]
     if not params:
         return None
     total = None
@@ -275,7 +275,10 @@ def unreadable(param: torch.nn.Parameter) -> str | None:
     """Why this rank cannot read a flat view of its part of `param` (None: it can). Tried once per
     parameter, at the start (and again only if a sample fails)."""
     try:
-        _partition(param).detach().reshape(-1)[:1]
+        part = _partition(param)
+        if part.is_meta:
+            return "on the meta device: never materialised"
+        part.detach().reshape(-1)[:1]
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     return None

@@ -7,7 +7,7 @@ Scenario names: ENGINE-ARM. ENGINE: `fsdp2` (`fully_shard` on each layer and the
 original parameters as views of each rank's shard). ARM: `plain` (no lossguard), `guard` (Guard, `step` after
 the optimizer step, halt_on="error"), `recover` (Guard(recover=True), `commit` before the step), `nan` (as
 `guard`, rank 1's loss is NaN at NAN_STEP), `gradnan` (as `guard`, one element of rank 1's own gradient shard
-is NaN at NAN_STEP: the loss stays finite everywhere). Every arm clips at a bound no norm reaches (a no-op) to
+is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP). Every arm clips at a bound no norm reaches (a no-op) to
 record the norm FSDP itself computes. Every rank writes OUT_DIR/SCENARIO/rank{r}.json (losses, FSDP's norms,
 the halt, the collectives it made); rank 0 writes summary.json (its findings).
 """
@@ -77,26 +77,29 @@ def run(out_dir: str, name: str) -> None:
     model = build(engine)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     before = tiny.count_collectives()
+    gated = arm in ("recover", "holdnan")
     guard = None if arm == "plain" else lossguard.Guard(
         model, optimizer, events_dir=os.path.join(work, "events"), console=rank == 0, fingerprint_every=2,
-        recover=arm == "recover", **({} if arm == "recover" else {"halt_on": "error"}))
+        recover=gated, **({} if gated else {"halt_on": "error"}))
     out: dict = {"losses": [], "norms": [], "commits": [], "halted_at": None}
     try:
         for step in range(1, STEPS + 1):
             batch = recover_job.batch_at(step, rank)
             loss = model(batch["ids"], batch["labels"])
-            if arm == "nan" and step == NAN_STEP and rank == 1:
+            if arm in ("nan", "holdnan") and step == NAN_STEP and rank == 1:
                 loss = loss * float("nan")
             loss.backward()
             if arm == "gradnan" and step == NAN_STEP and rank == 1:
                 poison_grad(model)
             out["losses"].append(loss.item())
             out["norms"].append(fsdp_norm(model, engine))
-            ok = guard.commit(loss=loss, labels=batch["labels"]) if arm == "recover" else True
+            ok = guard.commit(loss=loss, labels=batch["labels"]) if gated else True
             out["commits"].append(ok)
             if ok:
                 optimizer.step()
-            if guard is not None and arm != "recover":
+            else:  # what the guard did to the held gradients
+                out["grads_dropped"] = all(p.grad is None for p in model.parameters())
+            if guard is not None and not gated:
                 guard.step(loss=loss, labels=batch["labels"])
             optimizer.zero_grad()
     except lossguard.LossguardHalt as halt:
