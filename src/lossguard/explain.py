@@ -132,6 +132,21 @@ record of recoveries was read. Fix: analyze the log with the guard's events dir 
 beside it, or the job's stderr with its `lossguard: recovered at step N` lines, for what was done."""
 
 
+FSDP = """\
+fsdp: the live guard on PyTorch FSDP (FSDP1 `FullyShardedDataParallel`, flat parameters, `use_orig_params` true
+or false; FSDP2 `fully_shard`, DTensor parameters). Each rank reads its own shard, with no collective of its
+own: the gradient norm is FSDP's (each rank sends its shard's squared norm in the one per-step exchange it
+already makes, and every rank takes the square root of their sum), the update ratio is the shard's, and no
+weight fingerprint is compared (shards are no replicas, as under ZeRO-3). The run facts name the engine
+(`sharding_engine` fsdp1 / fsdp2; FSDP1's `fsdp_sharding_strategy`; its version is torch's): the diagnosis
+then ranks the causes that need DeepSpeed ZeRO `unlikely` (fact `fsdp-shown`, which they predict never).
+With `recover=True` a faulty step is held on every rank before it is applied; host snapshots (and so
+rollbacks) are off on FSDP shards, said at the first step.
+unreadable-tensors: an event in a rank's events file (and one console line on rank 0), once per parameter: a
+parameter the guard cannot read (one left on the meta device, a tensor type it cannot view) is left out of
+the update ratios; training and every other signal go on. Fix: nothing, unless that parameter should train."""
+
+
 def topics() -> list[tuple[str, str]]:
     rows = [(sig, meaning) for sig, (_, meaning) in SIGNATURES.items()]
     for factory in registered():
@@ -143,6 +158,7 @@ def topics() -> list[tuple[str, str]]:
     rows.append(("SRC001", "analysis-incomplete: part of the input was not analysed"))
     rows.append(("REC001", "recovered: the live guard recovered steps in place"))
     rows.append(("REC002", "made-up-loss: a logged loss the Trainer's NaN filter made up, the run trained on"))
+    rows.append(("fsdp", "the live guard on FSDP1 / FSDP2: shards, the folded norm, fsdp-shown, unreadable-tensors"))
     rows.append(("formats", "log formats analyze reads"))
     return rows
 
@@ -153,6 +169,8 @@ def explain(topic: str) -> str | None:
         return _signature(key)
     if key.lower() == "formats":
         return FORMATS
+    if key.lower() in ("fsdp", "fsdp1", "fsdp2", "fsdp-shown", "unreadable-tensors", "sharding_engine"):
+        return FSDP
     if key.upper() == "SRC001" or key == "analysis-incomplete":
         return INCOMPLETE
     if key.upper() == "REC001" or key == "recovered":

@@ -90,3 +90,12 @@ def test_causes_that_need_deepspeed_are_unlikely_on_an_fsdp_run(engine):
     without = next(c for c in rank_causes("nonfinite-hidden", RunEvidence(facts={
         k: v for k, v in race_facts.items() if k != "sharding_engine"})) if c.id == "zero12-overlap-race")
     assert without.likelihood != "unlikely" and not without.against
+
+
+@pytest.mark.parametrize("topic", ["fsdp", "fsdp2", "fsdp-shown", "unreadable-tensors", "sharding_engine"])
+def test_explain_says_what_the_fsdp_ids_mean(topic):
+    from lossguard.explain import explain, topics
+
+    text = explain(topic)
+    assert text is not None and "fsdp-shown" in text and "unreadable-tensors" in text
+    assert "fsdp" in dict(topics())
