@@ -21,6 +21,12 @@ loop without lossguard; prints the gate's median step-time ratio to the guard al
 The `snap` arm is the gate with host snapshots every 10 steps (`RecoverOptions(snapshot_every=10)`): its
 ratio to the guard alone is of MEAN step times (a median would not see the one step in ten that copies),
 target <= 1.05x, and it prints the host memory of one snapshot per rank.
+
+    python bench/overhead.py --fsdp2 [--steps 30] [--rounds 3]
+
+The FSDP2 arm: the same model under `fully_shard` (each transformer block, then the root) in a plain two-rank
+loop (gloo), `lossguard.Guard` (`guard.step` after `optimizer.step()`, the norm folded from both ranks' shards)
+against no guard; prints the median step-time ratio.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import time
 
 ARMS = ("base", "default", "print1", "histo", "recover")
 RECOVERY_ARMS = ("loop", "guard", "gate", "snap")
+FSDP2_ARMS = ("none", "guard")
 
 
 # The model and batch per machine kind: the CPU figure's small GPT-2, and on a GPU the workload the
@@ -196,6 +203,60 @@ def recovery_worker(out: str, steps: int, rounds: int) -> None:
     dist.destroy_process_group()
 
 
+def fsdp2_worker(out: str, steps: int, rounds: int) -> None:
+    """`FSDP2_ARMS`, `rounds` times interleaved; rank 0 writes `fsdp2.json`."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import lossguard
+
+    dist.init_process_group("gloo")
+    shape, rank = CPU_SHAPE, dist.get_rank()
+    results: dict[str, list[float]] = {arm: [] for arm in FSDP2_ARMS}
+    for _ in range(rounds):
+        for arm in FSDP2_ARMS:
+            torch.manual_seed(0)
+            model = GPT2LMHeadModel(GPT2Config(vocab_size=shape["vocab"], n_positions=shape["seq"],
+                                               n_embd=shape["n_embd"], n_layer=shape["n_layer"], n_head=shape["n_head"]))
+            for block in model.transformer.h:
+                fully_shard(block)
+            fully_shard(model)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            guard = lossguard.Guard(model, optimizer, console=False) if arm == "guard" else None
+            times = []
+            for step in range(steps):
+                ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]),
+                                    generator=torch.Generator().manual_seed(1000 * step + rank))
+                start = time.perf_counter()
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                optimizer.step()
+                if guard is not None:
+                    guard.step(loss=loss, labels=ids)
+                optimizer.zero_grad()
+                times.append(time.perf_counter() - start)
+            if guard is not None:
+                guard.close()
+            results[arm].append(statistics.median(times[3:]))  # skip warm-up steps
+    if rank == 0:
+        with open(os.path.join(out, "fsdp2.json"), "w") as fh:
+            json.dump({"median_step_s": results}, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def report_fsdp2(out: str) -> None:
+    with open(os.path.join(out, "fsdp2.json")) as fh:
+        per_round = json.load(fh)["median_step_s"]
+    print("FSDP2 arm: fully_shard per block and root, plain loop, two ranks, gloo, CPU")
+    for arm in FSDP2_ARMS:
+        print(f"{arm:8s} median step {statistics.median(per_round[arm]) * 1e3:8.1f} ms")
+    ratios = [g / n for g, n in zip(per_round["guard"], per_round["none"])]
+    print(f"guard / none: {statistics.median(ratios):.3f}x  (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+
+
 def report_recovery(out: str) -> None:
     with open(os.path.join(out, "recovery.json")) as fh:
         data = json.load(fh)
@@ -220,7 +281,11 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="(worker) the GPU workload; see bench/gpu_overhead.py")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--recovery", action="store_true", help="the recovery arms (plain DDP loop) instead")
+    parser.add_argument("--fsdp2", action="store_true", help="the FSDP2 arm (Guard vs none, fully_shard) instead")
     opts = parser.parse_args()
+    if opts.worker and opts.fsdp2:
+        fsdp2_worker(opts.worker, opts.steps, opts.rounds)
+        return
     if opts.worker and opts.recovery:
         recovery_worker(opts.worker, opts.steps, opts.rounds)
         return
@@ -231,8 +296,12 @@ def main() -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     subprocess.run([torchrun, "--nproc_per_node", "2", __file__, "--worker", out, "--steps", str(opts.steps),
-                    "--rounds", str(opts.rounds), "--arms", opts.arms, *(["--recovery"] if opts.recovery else [])],
+                    "--rounds", str(opts.rounds), "--arms", opts.arms, *(["--recovery"] if opts.recovery else []),
+                    *(["--fsdp2"] if opts.fsdp2 else [])],
                    env=env, check=True, stdout=subprocess.DEVNULL)
+    if opts.fsdp2:
+        report_fsdp2(out)
+        return
     if opts.recovery:
         report_recovery(out)
         return

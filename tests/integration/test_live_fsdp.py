@@ -114,3 +114,40 @@ def test_analyze_reads_the_events_back_with_the_sharding_engine(job, name):
     else:
         assert report["verdict"] == "healthy"
         assert report["stats"]["train_logs"] == 2 * STEPS
+
+
+LIGHTNING = ["lightning-plain", "lightning-guard", "lightning-nan"]
+
+
+@pytest.fixture(scope="module")
+def lightning_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp_lightning")
+    run_job("fsdp_job.py", out, LIGHTNING, timeout_s=300)
+    return out, rank_outputs(out, LIGHTNING)
+
+
+def test_the_lightning_callback_on_fsdp2_trains_as_without_it_and_reports_fsdps_norm(lightning_job, job):
+    """LossguardLightningCallback under ModelParallelStrategy (FSDP2): the same losses as without it, no
+    finding, the same collectives on both ranks (its own: one gather a step and the first step's object
+    gather), and the norm FSDP computes for the same model, data and seed in the plain loop."""
+    out, ranks = lightning_job
+    fsdp_norms = job[1]["fsdp2-plain"][0]["norms"]
+    for rank, (mine, plain) in enumerate(zip(ranks["lightning-guard"], ranks["lightning-plain"], strict=True)):
+        assert mine["losses"] == plain["losses"] and mine["halted_at"] is None
+        records = _train(out, "lightning-guard", rank)
+        assert [r["signals"]["grad_norm"] for r in records] == pytest.approx(fsdp_norms, rel=1e-6)
+    assert json.loads((out / "lightning-guard" / "summary.json").read_text())["findings"] == []
+    for name in LIGHTNING:
+        first, second = (r["collectives"] for r in ranks[name])
+        assert first == second
+    guard, plain = (ranks[name][0]["collectives"] for name in ("lightning-guard", "lightning-plain"))
+    assert {k: guard.get(k, 0) - plain.get(k, 0) for k in guard if guard.get(k, 0) != plain.get(k, 0)} == \
+        {"all_gather_single": STEPS, "all_gather_object": 1}
+
+
+def test_the_lightning_callback_on_fsdp2_halts_every_rank_at_a_nan(lightning_job):
+    out, ranks = lightning_job
+    assert [r["halted_at"] for r in ranks["lightning-nan"]] == [NAN_STEP, NAN_STEP]
+    assert all(len(r["losses"]) == NAN_STEP for r in ranks["lightning-nan"])
+    for rank in (0, 1):
+        assert [h["step"] for h in _lines(out, "lightning-nan", rank) if h["type"] == "halt"] == [NAN_STEP]

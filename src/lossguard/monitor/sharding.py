@@ -102,10 +102,12 @@ def _dtensor_share(param: Any) -> float | None:
 
 
 def _fsdp1_share(model: torch.nn.Module, world_size: int) -> float | None:
-    """FSDP1: None under NO_SHARD (replicas), else 1 / (world size / the shard group's size)."""
+    """FSDP1: None under NO_SHARD (replicas), else 1 / (world size / the shard group's size). Flagged
+    parameters with no FSDP module in sight (an entry point handed the module inside the wrapper): sharded
+    over every rank, FULL_SHARD's default."""
     wrapped = _fsdp1_modules(model)
     if not wrapped:
-        return None
+        return 1.0
     root = wrapped[0]
     strategy = getattr(getattr(root, "sharding_strategy", None), "name", "FULL_SHARD")
     if strategy == "NO_SHARD":

@@ -7,7 +7,10 @@ Scenario names: ENGINE-ARM. ENGINE: `fsdp2` (`fully_shard` on each layer and the
 original parameters as views of each rank's shard). ARM: `plain` (no lossguard), `guard` (Guard, `step` after
 the optimizer step, halt_on="error"), `recover` (Guard(recover=True), `commit` before the step), `nan` (as
 `guard`, rank 1's loss is NaN at NAN_STEP), `gradnan` (as `guard`, one element of rank 1's own gradient shard
-is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP). Every arm clips at a bound no norm reaches (a no-op) to
+is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP).
+`lightning-ARM`: the same model in Lightning's `ModelParallelStrategy` (FSDP2 through `configure_model`; its
+`FSDPStrategy`, FSDP1, refuses a CPU accelerator), ARM `plain`, `guard` (LossguardLightningCallback,
+halt_on="error") or `nan` (as `guard`, rank 1's loss NaN at NAN_STEP). Every arm clips at a bound no norm reaches (a no-op) to
 record the norm FSDP itself computes. Every rank writes OUT_DIR/SCENARIO/rank{r}.json (losses, FSDP's norms,
 the halt, the collectives it made); rank 0 writes summary.json (its findings).
 """
@@ -62,10 +65,68 @@ def poison_grad(model: torch.nn.Module) -> None:
             return
 
 
+def run_lightning(work: str, arm: str) -> dict:
+    """One Lightning fit under FSDP2 (ModelParallelStrategy), STEPS steps; what rank.json holds."""
+    import lightning as L
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    import lossguard
+
+    out: dict = {"losses": [], "halted_at": None}
+
+    class Sharded(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = recover_job.Net()
+
+        def configure_model(self) -> None:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.net.emb)
+            fully_shard(self.net.head)
+            fully_shard(self.net)
+
+        def training_step(self, batch, batch_idx):
+            step = self.trainer.global_step + 1
+            data = recover_job.batch_at(step, self.global_rank)
+            loss = self.net(data["ids"], data["labels"])
+            if arm == "nan" and step == NAN_STEP and self.global_rank == 1:
+                loss = loss * float("nan")
+            out["losses"].append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    guard = None if arm == "plain" else lossguard.LossguardLightningCallback(
+        events_dir=os.path.join(work, "events"), halt_on="error", fingerprint_every=2)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2,
+                        tensor_parallel_size=1), max_steps=STEPS, callbacks=[guard] if guard else [], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Sharded(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64)), batch_size=2))
+    out["halted_at"] = guard.halted_at if guard is not None else None
+    out["findings"] = [f.to_dict() for f in guard.guard.monitor._emitted] if guard is not None else []
+    return out
+
+
 def run(out_dir: str, name: str) -> None:
     import lossguard
 
     engine, arm = name.split("-")
+    if engine == "lightning":
+        work = os.path.join(out_dir, name)
+        os.makedirs(work, exist_ok=True)
+        before = tiny.count_collectives()
+        out = run_lightning(work, arm)
+        out["collectives"] = tiny.collectives_since(before)
+        rank = dist.get_rank()
+        if rank == 0:
+            with open(os.path.join(work, "summary.json"), "w") as fh:
+                json.dump({"findings": out.pop("findings")}, fh, default=str)
+        with open(os.path.join(work, f"rank{rank}.json"), "w") as fh:
+            json.dump(out, fh, default=str)
+        return
     if not dist.is_initialized():
         # DETAIL: the process group checks, at every collective, that each rank makes the same call with
         # tensors of the same shape, and fails the job at the first that differs (instead of a hang)
