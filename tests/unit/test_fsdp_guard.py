@@ -99,3 +99,20 @@ def test_explain_says_what_the_fsdp_ids_mean(topic):
     text = explain(topic)
     assert text is not None and "fsdp-shown" in text and "unreadable-tensors" in text
     assert "fsdp" in dict(topics())
+
+
+def test_a_summary_only_step_writes_the_runs_norm_into_each_sharded_ranks_own_record(tmp_path):
+    """Above the detail threshold (a simulated world of four ranks), a step read from the summary alone still
+    leaves each rank's file the run's gradient norm, as a gathered step does."""
+    from lossguard.monitor.core import Monitor
+    from lossguard.monitor.options import GuardOptions
+
+    monitor = Monitor(GuardOptions(events_dir=str(tmp_path), detail_every_step_up_to=1), torch.nn.Linear(2, 2))
+    rows = [_row(grad_sq=v) for v in (1.0, 2.0, 3.0, 10.0)]
+    seen = summary.fold_shard_norm(summary.of_rows(LAYOUT, [list(r) for r in rows]))
+    monitor.layout = LAYOUT
+    monitor.analyse_summary(5, seen, rows[0])
+    monitor.close()
+    lines = [json.loads(line) for line in (tmp_path / "events-rank0.jsonl").read_text().splitlines()]
+    own = [line for line in lines if line.get("kind") == "train" and line["rank"] == 0]
+    assert own[0]["signals"]["grad_norm"] == 4.0

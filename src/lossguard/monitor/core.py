@@ -329,8 +329,9 @@ class Monitor:
             return
         self._said_skipped = len(self.updates.skipped)
         names = [name for name, _ in new]
-        self._emit_records([event("unreadable-tensors", None, self.rank, params=names[:50], count=len(names),
-                                  why=new[0][1])])
+        if self.jsonl is not None:  # this rank's own file only: the engines see the same records on every rank
+            self.jsonl.write(record_line(event("unreadable-tensors", None, self.rank, params=names[:50],
+                                               count=len(names), why=new[0][1])))
         if self.rank == 0 and self.options.console:
             say(f"lossguard: {len(names)} parameter(s) left out of the update ratios, which this guard cannot "
                 f"read ({names[0]}{', ...' if len(names) > 1 else ''}: {new[0][1]}); training and the other "
@@ -341,6 +342,8 @@ class Monitor:
         still goes to its events file, so the file holds every step of the rank as below the threshold.
         The new findings. (`bench/scale.py` times `Summary.read` + `Exchange.note` + this.)"""
         if own is not None:
+            if wire.sharded_row(own) and seen.has(wire.GRAD_NORM):  # FSDP: the run's norm, as a gathered row has
+                own = wire.with_grad_norm(own, seen.value(wire.GRAD_NORM))
             self._write_own(step, own)
         return self._emit_records([summary.run_record(seen, step)])
 

@@ -216,6 +216,19 @@ def fold_shard_norms(rows: list[list[float]]) -> list[list[float]]:
     return rows
 
 
+def sharded_row(row: list[float]) -> bool:
+    """The row holds a share of a sharded gradient norm (GRAD_SQ)."""
+    return _has(row, HAS_GRAD_SQ)
+
+
+def with_grad_norm(row: list[float], norm: float) -> list[float]:
+    """A copy of `row` carrying `norm` as its gradient norm (a summary-only step's run norm, for the rank's file)."""
+    out = list(row)
+    out[GRAD_NORM] = norm
+    out[PRESENT] = float(int(out[PRESENT]) | HAS_GRAD_NORM)
+    return out
+
+
 def emptied(row: list[float]) -> bool:
     """The sending rank's batch held only quarantined samples."""
     return _has(row, EMPTIED)
