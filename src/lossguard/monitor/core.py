@@ -35,6 +35,7 @@ from lossguard.monitor.sinks import (
     format_finding,
     record_line,
     say,
+    unreadable_line,
 )
 
 
@@ -72,17 +73,13 @@ class Monitor:
         self._micro: list[tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]] = []
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self._trainable = trainable
-        # FSDP (monitor/sharding.py): the parameters this rank holds a shard of, with their share of the
-        # run's squared gradient norm; `_replicated`: the rest, whose norm every rank measures whole.
-        shares = sharding.weights(model, [p for _, p in trainable], self.world_size)
-        self.sharded = [(p, shares[id(p)]) for _, p in trainable if id(p) in shares]
-        self._sharded_ids = frozenset(shares)
-        self._replicated = [p for _, p in trainable if id(p) not in shares]
+        # FSDP (monitor/sharding.py): the parameters this rank holds a shard of, and the rest
+        self.sharded = sharding.Split(model, [p for _, p in trainable], self.world_size)
         self.groups, assign = tensors.assign_groups(trainable, options.module_groups)
         self.updates = tensors.UpdateSampler(trainable, self.groups, assign, options.update_sample_size)
         # FSDP sets a shard's gradient itself after its reduce-scatter, not through autograd: a tensor hook
         # on the shard never fires, so only the replicated parameters are watched
-        self.grad_watch = tensors.GradWatch([(n, p) for n, p in trainable if id(p) not in shares])
+        self.grad_watch = tensors.GradWatch([(n, p) for n, p in trainable if id(p) not in self.sharded.ids])
         num_lr = len(getattr(optimizer, "param_groups", None) or []) or 1
         self.layout = wire.Layout(num_lr=num_lr, groups=tuple(self.groups))
         self.jsonl = None
@@ -308,16 +305,11 @@ class Monitor:
         """This rank's measurements, still on the device: nothing here waits for the host."""
         values = wire.StepValues(grad_norm=grad_norm, loss_scale=loss_scale, skipped_steps=skipped, lrs=lrs or [],
                                  emptied=self.emptied)
-        if self.sharded and _local_norm(grad_norm):
-            # FSDP: the run's norm is folded from every rank's share in the exchange (wire.fold_shard_norms)
-            values.grad_norm = tensors.grad_norm(self._replicated)
-            values.grad_sq_shard = tensors.sharded_grad_sq(self.sharded)
-        elif sharding.is_dtensor(grad_norm):  # a norm replicated on every rank: its local value is the run's
-            values.grad_norm = grad_norm.to_local()
+        values.grad_norm, values.grad_sq_shard = self.sharded.norm_slots(grad_norm)  # FSDP: folded in the exchange
         wire.put_micro(values, micro, self.device)
         if self._measured(step):
             # None under ZeRO-3 and FSDP: no replicas
-            values.param_fingerprint = tensors.fingerprint(self.model, self._sharded_ids)
+            values.param_fingerprint = tensors.fingerprint(self.model, self.sharded.ids)
             values.update_ratios = self.updates.ratios(keep=self._measured(step + 1))
         return values
 
@@ -328,14 +320,12 @@ class Monitor:
         if not new:
             return
         self._said_skipped = len(self.updates.skipped)
-        names = [name for name, _ in new]
+        line = event("unreadable-tensors", None, self.rank, params=[n for n, _ in new][:50], count=len(new),
+                     why=new[0][1])
         if self.jsonl is not None:  # this rank's own file only: the engines see the same records on every rank
-            self.jsonl.write(record_line(event("unreadable-tensors", None, self.rank, params=names[:50],
-                                               count=len(names), why=new[0][1])))
+            self.jsonl.write(record_line(line))
         if self.rank == 0 and self.options.console:
-            say(f"lossguard: {len(names)} parameter(s) left out of the update ratios, which this guard cannot "
-                f"read ({names[0]}{', ...' if len(names) > 1 else ''}: {new[0][1]}); training and the other "
-                f"signals are unaffected")
+            say(unreadable_line(new))
 
     def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:
         """A step read from the summary alone: the run-level record through the engine. This rank's own row
@@ -470,14 +460,6 @@ class Monitor:
                                                detail=self._local_error)))
         if self.rank == min(ranks):  # reported once, by the rank that knows the detail
             say(text)
-
-
-def _local_norm(grad_norm: Any) -> bool:
-    """True when a given gradient norm is not the run's under sharding: none given (the entry point leaves
-    it to the monitor), or a DTensor not replicated on every rank (a partial norm)."""
-    if grad_norm is None:
-        return True
-    return sharding.is_dtensor(grad_norm) and not all(p.is_replicate() for p in grad_norm.placements)
 
 
 class _Reported(Exception):

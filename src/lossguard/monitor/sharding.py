@@ -39,6 +39,32 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
+class Split:
+    """A model's trainable parameters split into FSDP shards (with their shares) and the rest, and the
+    gradient-norm slots of a step's row from them."""
+
+    def __init__(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter], world_size: int) -> None:
+        shares = weights(model, trainable, world_size)
+        self.sharded = [(p, shares[id(p)]) for p in trainable if id(p) in shares]
+        self.ids = frozenset(shares)
+        self.replicated = [p for p in trainable if id(p) not in shares]
+
+    def __bool__(self) -> bool:
+        return bool(self.sharded)
+
+    def norm_slots(self, grad_norm: Any) -> tuple[Any, Any]:
+        """(GRAD_NORM, GRAD_SQ) of this rank's row for the norm an entry point gave: a norm that is the run's
+        (a plain tensor or number, a DTensor replicated on every rank) as it is; none, or a partial DTensor,
+        under sharding: the replicated gradients' norm and this rank's share of the shards' squared norm,
+        folded into the run's in the exchange (wire.fold_shard_norms). Device ops, no collective."""
+        from lossguard.monitor import tensors
+
+        if self.sharded and (grad_norm is None or (is_dtensor(grad_norm) and not all(
+                p.is_replicate() for p in grad_norm.placements))):
+            return tensors.grad_norm(self.replicated), tensors.sharded_grad_sq(self.sharded)
+        return (grad_norm.to_local() if is_dtensor(grad_norm) else grad_norm), None
+
+
 def _fsdp1_modules(model: torch.nn.Module) -> list[Any]:
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -75,10 +101,16 @@ def weights(model: torch.nn.Module, params: list[torch.nn.Parameter], world_size
     """id(param) -> its share of the summed squared gradient norm, for the parameters in `params` that this
     rank holds a shard of; replicas (and anything not FSDP's) are left out."""
     out: dict[int, float] = {}
-    fsdp1 = _fsdp1_share(model, world_size)
+    try:
+        fsdp1 = _fsdp1_share(model, world_size)
+    except Exception:  # a process group that cannot be asked its size: FULL_SHARD over every rank
+        fsdp1 = 1.0
     for param in params:
         if is_dtensor(param):
-            share = _dtensor_share(param)
+            try:
+                share = _dtensor_share(param)
+            except Exception:  # a mesh that cannot be read: a shard of one copy, FSDP2's default
+                share = 1.0
         elif getattr(param, "_fsdp_flattened", False) or getattr(param, "_is_flat_param", False):
             share = fsdp1
         else:

@@ -161,3 +161,10 @@ class Webhook:
 
 def at_least(finding: Finding, severity: str) -> bool:
     return finding.severity >= Severity.parse(severity)
+
+
+def unreadable_line(skipped: list[tuple[str, str]]) -> str:
+    """The console line for parameters the guard cannot read, (name, why) each."""
+    more = ", ..." if len(skipped) > 1 else ""
+    return (f"lossguard: {len(skipped)} parameter(s) left out of the update ratios, which this guard cannot read "
+            f"({skipped[0][0]}{more}: {skipped[0][1]}); training and the other signals are unaffected")
