@@ -25,8 +25,8 @@ from lossguard.detectors import make_detectors
 from lossguard.monitor import deferred, dist, first_step, sharding, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
-from lossguard.monitor.settle import Settling
 from lossguard.monitor.recover import Gate, Hold
+from lossguard.monitor.settle import Settling
 from lossguard.monitor.sinks import (
     JsonlSink,
     Webhook,
