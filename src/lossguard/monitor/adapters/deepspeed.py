@@ -97,6 +97,7 @@ class EngineGate:
             raise OptionError(f"lossguard: recover.snapshot_every needs an optimizer whose state lossguard knows; "
                               f"this engine's is {why}. Set snapshot_every=0 (the gate still holds faulty steps)")
         self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
+        self._jump_at: int | None = None  # the last step held for a loss jump that came back on its replay
         self.shard, self.optimizer_state = ds_snapshots.ShardState(engine), ds_snapshots.OptimizerState(engine)
         self.given = scheduler or (lambda: engine.lr_scheduler)
         self.found: Any = None  # the LR schedulers bound to the optimizer, when none was given (restorable.py)
@@ -199,9 +200,13 @@ class EngineGate:
             if replayer.dirty:
                 ds_hold.hold(self.engine, run, counted=False)
             ok = False
-        if replayer.outcome == "jump" and self.ring is not None and snapshots.rollback(  # the state's fault
+        # A jump that comes back on its own batch's replay is that batch's (held), unless the step before
+        # jumped too on another batch: then the weights are at fault, roll back (as Guard.commit does).
+        jumped_before = self._jump_at == hold.step - 1
+        self._jump_at = hold.step if replayer.outcome == "jump" else None
+        if replayer.outcome == "jump" and self.ring is not None and (not jumped_before or snapshots.rollback(
                 self.monitor, self.ring, hold, hold.step - 1, self.shard, self.optimizer_state, self.scheduler(),
-                jump=True) == "none":
+                jump=True) == "none"):
             replayer.record_jump()
         if not ok:
             ds_hold.count_skipped(self.engine)
