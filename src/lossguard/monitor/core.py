@@ -22,10 +22,9 @@ from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
 from lossguard.core.records import TRAIN, Record, event
 from lossguard.detectors import make_detectors
-from lossguard.monitor import deferred, dist, first_step, summary, tensors, wire
+from lossguard.monitor import deferred, dist, first_step, settle, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
-from lossguard.monitor.settle import Settling
 from lossguard.monitor.recover import Gate, Hold
 from lossguard.monitor.sinks import (
     JsonlSink,
@@ -49,7 +48,7 @@ class Monitor:
         self.optimizer = optimizer
         self.engine = Engine(make_detectors() if options.detectors is None else options.detectors)
         self.rules = halt_rules(options.halt_on)
-        self.settling = Settling(self.engine.detectors)  # halts that wait for a column to contradict them
+        self.settling = settle.Settling(self.engine.detectors)  # halts that wait for a column to contradict them
         self.halted_at: int | None = None
         # recover=True: the commit gate (monitor/recover.py); `held`: its last decision (None: committed)
         self.gate = Gate(options.recovery) if options.recovery is not None else None
@@ -175,7 +174,7 @@ class Monitor:
                 found += self.analyse_rows(step, rows, leading, seen) if rows is not None else \
                     self.analyse_summary(step, seen, own)
             hits, refuted = self.settling.due(should_halt(self.rules, found))
-            self._say_refuted(step, refuted)
+            settle.say_refuted(step, refuted, self.jsonl, self.rank == 0)
             hits = hits or (found if getattr(hold, "give_up", False) else [])
         except Exception as exc:
             self._fail(exc, "analysis")
@@ -323,7 +322,7 @@ class Monitor:
         this at simulated world sizes.)"""
         if seen is None:
             return self._emit_records([*leading, *self._records(step, rows)])
-        picked = self._ranks_to_feed(step, rows, seen)
+        picked = summary.ranks_to_feed(self.layout, step, rows, seen, self._watched)
         if self.rank not in picked:
             self._write_own(step, rows[self.rank])
         ranked = [self._row_record(step, rank, rows[rank]) for rank in picked]
@@ -332,35 +331,11 @@ class Monitor:
                 self._last_skipped[rank] = row[wire.SKIPPED]
         return self._emit_records([*leading, *ranked, summary.run_record(seen, step)])
 
-    def _ranks_to_feed(self, step: int, rows: list[list[float]], seen: summary.Summary) -> list[int]:
-        """The ranks that stand out at this step, those that stood out in the last `summary.DETAIL_AFTER`
-        steps (their detectors see how the fault went on, and a clean record ends their streaks), and a
-        reference first: the lowest rank that does not stand out, which rank-to-rank comparisons (a
-        replica's fingerprint) measure the others against."""
-        odd = summary.standouts(self.layout, rows, seen)
-        for rank in odd:
-            self._watched[rank] = step
-        self._watched = {r: at for r, at in self._watched.items() if step - at <= summary.DETAIL_AFTER}
-        if not self._watched:
-            return []
-        reference = next((r for r in range(len(rows)) if r not in self._watched), None)
-        return ([] if reference is None else [reference]) + sorted(self._watched)
-
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
         return [self._row_record(step, rank, row) for rank, row in enumerate(rows)]
 
     def _row_record(self, step: int, rank: int, row: list[float]) -> Record:
-        signals, data = self.layout.decode(row)
-        if (skipped := signals.get("skipped_steps")) is not None:
-            if skipped > self._last_skipped.get(rank, 0.0) and "grad_norm" in signals:
-                # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): DeepSpeed's
-                # grad_norm is then its overflow marker (inf, or the last good value), not a measurement
-                data["step_skipped"] = True
-                data["grad_norm_reported"] = signals.pop("grad_norm")
-            self._last_skipped[rank] = skipped
-        else:  # no skip counter: a GradScaler's overflow, if any, is read from the norm
-            wire.mark_scaler_overflow(signals, data)
-        return Record(step=step, rank=rank, signals=signals, data=data, source="live")
+        return wire.row_record(self.layout, step, rank, row, self._last_skipped)
 
     def _emit_records(self, records: list[Record]) -> list[Finding]:
         new: list[Finding] = []
@@ -385,16 +360,6 @@ class Monitor:
                 say(format_finding(finding))
             if self.webhook is not None and at_least(finding, self.options.webhook_min_severity):
                 self.webhook.send(format_finding(finding))
-
-    def _say_refuted(self, step: int, refuted: list[tuple[Finding, str]]) -> None:
-        """A halt that waited for its finding to settle, and the logs since refuted it: the run goes on."""
-        for finding, why in refuted:
-            if self.jsonl is not None:
-                self.jsonl.write({"type": "halt-waived", "step": step, "code": finding.code,
-                                  "finding_step": finding.step, "why": why})
-            if self.rank == 0:
-                say(f"lossguard: step {step}: no halt on {finding.code} ({finding.signature or finding.name}) "
-                    f"from step {finding.step}: {why}")
 
     def _announce_halt(self, step: int, hits: list[Finding], hold: Hold | None = None) -> None:
         codes = ", ".join(sorted({f"{f.code} ({f.signature or f.name})" for f in hits}))

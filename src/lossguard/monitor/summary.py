@@ -201,3 +201,18 @@ def run_record(summary: Summary, step: int) -> Record:
         signals["update_ratio"] = max(finite) if finite else math.nan
         data["update_ratio_groups"] = dict(zip(layout.groups, ratios))
     return Record(step=step, rank=None, signals=signals, data=data, source="live")
+
+
+def ranks_to_feed(layout, step: int, rows: list[list[float]], seen: Summary, watched: dict[int, int]) -> list[int]:
+    """The ranks that stand out at this step, those that stood out in the last DETAIL_AFTER steps (their
+    detectors see how the fault went on, and a clean record ends their streaks), and a reference first: the
+    lowest rank that does not stand out, which rank-to-rank comparisons (a replica's fingerprint) measure the
+    others against. `watched` (rank -> the last step it stood out) is updated in place."""
+    for rank in standouts(layout, rows, seen):
+        watched[rank] = step
+    for rank in [r for r, at in watched.items() if step - at > DETAIL_AFTER]:
+        del watched[rank]
+    if not watched:
+        return []
+    reference = next((r for r in range(len(rows)) if r not in watched), None)
+    return ([] if reference is None else [reference]) + sorted(watched)
