@@ -349,18 +349,32 @@ def _yaml_spans(node: Any, path: Path, doc: Document) -> None:
             _yaml_spans(value_node, child, doc)
 
 
+def parse_toml(text: str, source: str) -> Document:
+    """TOML (torchtitan train configs): values only, no key positions (messages name the key)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}") from None
+    return Document(text=text, fmt="toml", data=data, source=source)
+
+
 def sniff_format(path: str, text: str) -> str:
     ext = os.path.splitext(path)[1].lower()
     if ext in (".yaml", ".yml"):
         return "yaml"
     if ext in (".json", ".jsonc", ".hjson"):
         return "json"
+    if ext == ".toml":
+        return "toml"
     return "json" if text.lstrip().startswith(("{", "//", "/*")) else "yaml"
 
 
 def parse_text(text: str, source: str, fmt: str) -> Document:
     try:
-        doc = parse_json(text, source) if fmt == "json" else parse_yaml(text, source)
+        doc = parse_json(text, source) if fmt == "json" else parse_toml(text, source) if fmt == "toml" \
+            else parse_yaml(text, source)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}; fix the syntax and run again") from None
     if not isinstance(doc.data, dict):
