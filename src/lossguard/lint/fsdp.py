@@ -17,6 +17,8 @@ from lossguard.lint.document import ConfigError
 
 _BOOLS = ("use_orig_params", "sync_module_states", "cpu_ram_efficient_loading", "activation_checkpointing",
           "offload_params", "forward_prefetch", "limit_all_gathers")
+# Keys only axolotl / LLaMA-Factory training YAMLs have (an HF TrainingArguments dump has an fsdp_config too).
+_YAML_MARKERS = ("base_model", "datasets", "micro_batch_size", "finetuning_type", "template", "cutoff_len")
 _TRAINER_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload",
                     "auto_wrap")
 
@@ -98,6 +100,8 @@ def from_accelerate(data: dict[str, Any], source: str) -> FsdpView:
 
 
 def _trainer_options(value: Any, source: str) -> list[str]:
+    if value is None:
+        return []
     if isinstance(value, bool):
         return ["full_shard"] if value else []
     if isinstance(value, str):
@@ -191,8 +195,9 @@ def kind_of(data: dict[str, Any]) -> str | None:
         return "torchtitan"
     if _trainer_fsdp(data.get("fsdp")) or (data.get("fsdp_config") is not None and "fsdp_version" in data):
         return "trainer"
-    if isinstance(data.get("fsdp_config"), dict) and _trainer_fsdp(data.get("fsdp_version")):
-        return "trainer"
+    section = data.get("fsdp_config")
+    if isinstance(section, dict) and section and "fsdp" not in data and any(k in data for k in _YAML_MARKERS):
+        return "trainer"  # axolotl: an fsdp_config mapping alone turns FSDP on
     keys = list(data)
     if keys and any(k.startswith("fsdp_") for k in keys) and all(k.startswith(("fsdp_", "xla")) for k in keys):
         return "trainer-fsdp-config"
