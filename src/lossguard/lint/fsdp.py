@@ -129,12 +129,28 @@ def from_trainer(data: dict[str, Any], source: str, *, base: str = "") -> FsdpVi
         view.values["version"] = _version(data["fsdp_version"], "fsdp_version", source)
         view.paths["version"] = "fsdp_version"
     section = data.get("fsdp_config")
+    if isinstance(section, str) and section.strip().startswith("{"):  # --fsdp_config '{...}' on a command line
+        section = _inline(section, source)
+        _read_keys(view, section, "fsdp_config", source)
+        return view
     if isinstance(section, str) and section.strip():
         section = _read_named(section, base or source)
         _read_keys(view, section, "", f"{source}: fsdp_config {data['fsdp_config']}")
         return view
     _read_keys(view, _section(data, "fsdp_config", source), "fsdp_config", source)
     return view
+
+
+def _inline(text: str, source: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: --fsdp_config is not valid JSON ({exc}); quote it as one JSON object") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: --fsdp_config must be a JSON object of FSDP options")
+    return value
 
 
 def _read_named(path: str, source: str) -> dict[str, Any]:

@@ -114,3 +114,13 @@ def test_cli_trainer_fsdp_in_the_command(tmp_path):
     assert proc.returncode == 1 and [f["code"] for f in json.loads(proc.stdout) if f["severity"] == "error"] == ["FSD101"]
     bad = _cli("--cmd", "torchrun train.py --fsdp 'full_shard zero3' --output_dir out", "--env", str(freeze))
     assert bad.returncode == 2 and "'zero3'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_inline_fsdp_config_in_a_command():
+    from lossguard.lint.args import parse_command
+
+    args = parse_command("""torchrun train.py --fsdp full_shard --fsdp_config '{"activation_checkpointing": true}' """
+                         "--gradient_checkpointing True --output_dir o")
+    assert fsdp_view({}, args).get("activation_checkpointing") is True
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        fsdp_view({}, {**args, "fsdp_config": "{oops"})
