@@ -64,7 +64,7 @@ def sequence(seed: int, hard: bool, length: int = SEQ) -> torch.Tensor:
 
 
 class Shifting(Dataset):
-    """256 seeds; the n-th sequence this process hands out is of the hard task once n reaches the first
+    """512 seeds (one epoch covers every case's steps); the n-th sequence this process hands out is of the hard task once n reaches the first
     micro-batch of optimizer step SHIFT_AT. In `enc`, sample i is SEQ - i % 3 tokens long."""
 
     def __init__(self, case: str) -> None:
@@ -72,7 +72,7 @@ class Shifting(Dataset):
         self.switch = (SHIFT_AT - 1) * MICRO[case] * ACCUMULATE.get(case, 1)
 
     def __len__(self) -> int:
-        return 256
+        return 512
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         hard = self.served >= self.switch
