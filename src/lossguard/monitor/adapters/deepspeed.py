@@ -77,8 +77,9 @@ class EngineGate:
     a held step takes DeepSpeed's own overflow path on every rank (ds_hold.py); a committed one is stepped
     and its post-step signals (grad norm, skips, loss scale, which exist only after the step) are kept for
     the next exchange (monitor/deferred.py). A halt (the budget spent, or a finding on the step before)
-    comes before this step is applied: the step is held, and the caller halts. Gradients that turn
-    non-finite while the loss is finite are not seen before the step: DeepSpeed skips such a step itself
+    comes before this step is applied: the step is held, and the caller halts. Each rank's partition norm,
+    read before the step, judges a loss jump's update (ds_norm.py). Gradients that turn non-finite while
+    the loss is finite are left to DeepSpeed, which skips such a step itself
     (ZeRO-1/2 `check_grad_overflow`, ZeRO-3 and the bf16 optimizer on an invalid norm, fp16's scaler), and
     the guard reports it as a skipped step with the next exchange."""
 
