@@ -18,7 +18,9 @@ under DeepSpeed; target <= 1.01x).
 The recovery arm: the same model in a plain two-rank DDP loop (gloo), `lossguard.Guard` alone (`guard.step`
 after `optimizer.step()`) against `Guard(recover=True)` (`if guard.commit(...): optimizer.step()`), plus the
 loop without lossguard; prints the gate's median step-time ratio to the guard alone (target <= 1.01x).
-The `snap` arm is the gate with host snapshots every 10 steps (`RecoverOptions(snapshot_every=10)`): its
+The `gate` arm has snapshots off (`RecoverOptions(snapshot_every=0)`), the gate alone; the `snap` arm is the
+gate with host snapshots every 10 steps (`RecoverOptions(snapshot_every=10)`, what `recover=True` picks when
+the ring fits): its
 ratio to the guard alone is of MEAN step times (a median would not see the one step in ten that copies),
 target <= 1.05x, and it prints the host memory of one snapshot per rank.
 
@@ -172,7 +174,9 @@ def recovery_worker(out: str, steps: int, rounds: int) -> None:
                 vocab_size=shape["vocab"], n_positions=shape["seq"], n_embd=shape["n_embd"],
                 n_layer=shape["n_layer"], n_head=shape["n_head"])))
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            recover = lossguard.RecoverOptions(snapshot_every=10) if arm == "snap" else arm == "gate"
+            # The gate alone, snapshots off (the default decides by the machine, which would mix the two).
+            recover = lossguard.RecoverOptions(snapshot_every=10 if arm == "snap" else 0) if arm in ("gate", "snap") \
+                else False
             guard = None if arm == "loop" else lossguard.Guard(model, optimizer, recover=recover, console=False)
             times = []
             for step in range(steps):

@@ -78,17 +78,20 @@ def test_healthy_run_with_snapshots_logs_the_same_losses(job):
 
 def test_a_loss_that_explodes_after_a_bad_step_and_again_on_replay_is_rolled_back(job):
     """One step at a 10^4x LR (every rank) leaves the weights finite but wrong: the loss at the next step is far
-    above the run's spread, the replay of that batch says so again, so the state is at fault, not the batch:
-    every rank rolls back to the snapshot before the bad step and trains on at the normal LR."""
+    above the run's spread and the replay of that batch says so again: held (one batch jumping is that
+    batch's). The next batch jumps again on its replay too: two batches in a row, so the state is at fault,
+    not the batches: every rank rolls back to the snapshot before the bad step and trains on at the normal LR."""
     out, ranks = job
     spike = 24
     recoveries = analyze_json(out / "lr_spike" / "events")["recoveries"]
-    # snapshots before steps 22 and 25 (every 3): 25 is the held step, so back to 22: 22, 23, 24 undone, 25 held
+    # snapshots before steps 22 and 25 (every 3): back to 22 (the one before 25 holds the bad step's weights):
+    # 22, 23, 24 undone, 25 counted when held, 26 held
     assert [(r["step"], r["kind"], r["signature"], r["code"], r["steps_lost"]) for r in recoveries] == \
-        [(spike + 1, "rollback", "loss-spike", "LOSS006", 4)]
+        [(spike + 1, "held", "loss-spike", "LOSS006", 1), (spike + 2, "rollback", "loss-spike", "LOSS006", 4)]
     for rank in ranks["lr_spike"]:
-        assert rank["commits"] == [step != spike + 1 for step in range(1, 31)] and rank["halted_at"] is None
-        assert rank["finite"] and max(rank["losses"][spike + 1:]) < 2 * max(rank["losses"][:spike])
+        assert rank["commits"] == [step not in (spike + 1, spike + 2) for step in range(1, 31)]
+        assert rank["halted_at"] is None
+        assert rank["finite"] and max(rank["losses"][spike + 2:]) < 2 * max(rank["losses"][:spike])
 
 
 def test_a_drifted_replica_is_rolled_back_to_the_last_snapshot_every_rank_holds_alike(job):

@@ -74,3 +74,41 @@ def test_a_job_lossguard_stops_leaves_no_build_lock_of_its_own_behind(tmp_path):
         assert not left.exists() and held.exists() and older.exists()
     finally:
         os.close(fd)
+
+
+def _watched(tmp_path, script: str):
+    """`watch(halt_on="broken")` over a Python command that makes its op's build lock, as torch's JIT load
+    does, then runs `script`; (the outcome, the lock it made, a lock a live build holds open, an older one)."""
+    from lossguard.watch import watch
+
+    root = tmp_path / "ext"
+    older = _lock(root / "old_op", 60)
+    held = root / "building_op" / "lock"
+    held.parent.mkdir(parents=True)
+    fd = os.open(held, os.O_CREAT | os.O_EXCL)  # a build in progress holds its lock open, as torch's FileBaton does
+    left = root / "deepspeed_shm_comm" / "lock"
+    code = (f"import os, sys, time; os.makedirs({str(left.parent)!r}, exist_ok=True); open({str(left)!r}, 'w')"
+            f".close()\n{script}")
+    try:
+        result = watch([sys.executable, "-c", code], halt_on="broken", grace_s=5.0,
+                       env={**os.environ, "TORCH_EXTENSIONS_DIR": str(root)}, color=False)
+        assert held.exists() and older.exists()  # a live build's and an older one: never the job's
+    finally:
+        os.close(fd)
+    return result.outcome, left
+
+
+def test_a_job_watch_stops_leaves_no_build_lock_of_its_own_behind(tmp_path):
+    """The job prints a NaN loss (halt_on="broken": watch stops it) while its op's `lock` is still there,
+    as in torch's JIT-load window: once the job is gone, watch removes the lock it left."""
+    outcome, left = _watched(tmp_path, "print('step 1 loss 2.5'); print('step 2 loss nan', flush=True); "
+                                       "time.sleep(60)")
+    assert outcome.halted and outcome.signals and outcome.wall_s < 30
+    assert not left.exists()
+
+
+def test_a_job_that_ends_by_itself_keeps_its_locks(tmp_path):
+    """The twin: watch stopped nothing, so the locks are the job's own business (torch removes its own)."""
+    outcome, left = _watched(tmp_path, "print('step 1 loss 2.5'); print('step 2 loss 2.4')")
+    assert not outcome.signals and outcome.returncode == 0
+    assert left.exists()

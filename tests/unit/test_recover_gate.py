@@ -223,3 +223,29 @@ def test_a_scaler_overflow_is_the_scalers_business_never_a_fault_nor_budget():
     held = Gate(RecoverOptions()).judge(1, [_scaled_row(loss=math.nan, grad=math.inf), _scaled_row(grad=math.inf)],
                                         None)
     assert held is not None and [f["fault"] for f in held.faults] == ["non-finite loss", "non-finite gradient norm"]
+
+
+def test_a_deepspeed_gate_leaves_a_non_finite_partition_norm_beside_a_finite_loss_to_deepspeed():
+    """Under a DeepSpeed gate (`engine_overflow`) each rank sends its gradient partition's norm before the
+    step: a non-finite one beside a finite loss is DeepSpeed's own overflow check's (it skips the step, fp16
+    lowers its scale), from the rows and from the summary alike; beside a non-finite loss the step is held;
+    without the flag (Guard, no scaler) the same row is held."""
+    overflow = [_row(), _row(grad=math.inf)]
+    for engine in (True, False):
+        gate = Gate(RecoverOptions(), engine_overflow=engine)
+        assert (gate.judge(5, overflow, None) is None) is engine
+        assert (Gate(RecoverOptions(), engine_overflow=engine).judge(
+            5, None, summary.of_rows(LAYOUT, overflow)) is None) is engine
+    held = Gate(RecoverOptions(), engine_overflow=True).judge(5, [_row(), _row(loss=math.nan, grad=math.nan)], None)
+    assert held is not None and held.ranks == [1] and held.signature == "nonfinite"
+
+
+def test_a_deepspeed_gate_commits_a_loss_jump_whose_partition_norm_is_ordinary():
+    """A switch to harder data under DeepSpeed: the loss leaps far above the run's spread while the highest
+    partition norm stays ordinary: committed (the loss alone held it before the gate had a norm there)."""
+    gate = Gate(RecoverOptions(), engine_overflow=True)
+    for step in range(1, WARMUP + 2):
+        assert gate.judge(step, [_row(loss=0.05 + 0.001 * (step % 3)), _row(loss=0.05, grad=0.8)], None) is None
+    assert gate.judge(WARMUP + 2, [_row(loss=8.0, grad=1.5), _row(loss=8.2, grad=1.4)], None) is None
+    hold = gate.judge(WARMUP + 3, [_row(loss=9.0, grad=ABNORMAL), _row(loss=9.0)], None)
+    assert hold is not None and hold.signature == "loss-spike"  # an abnormal update beside it still is held

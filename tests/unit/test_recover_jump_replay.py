@@ -1,7 +1,7 @@
 """A held loss jump, replayed (`commit(forward=...)`, one process): a jump that does not come back is
 transient and its replay committed; one that comes back with the same batch and weights, its update still
 abnormal, keeps the step held; one whose replayed loss is high but whose replayed update is ordinary is the
-batch's data: committed."""
+batch's data: committed; two batches in a row that jump again roll the weights back."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ JUMP_STEP = WARMUP + 5
 
 
 def _train(tmp_path, scale_first_attempt: float, scale_batch: float,
-           offset_batch: float = 0.0) -> tuple[list[bool], list[dict]]:
+           offset_batch: float = 0.0, jump_steps: tuple[int, ...] = (JUMP_STEP,)) -> tuple[list[bool], list[dict]]:
     """JUMP_STEP's loss is scaled on its first attempt only (`scale_first_attempt`: the replay is clean), or
     by its batch (`scale_batch`: the replay gives it again); either scales its gradients as much (an
     abnormal update). `offset_batch` adds a constant to that batch's loss: high, its gradients ordinary."""
@@ -28,15 +28,15 @@ def _train(tmp_path, scale_first_attempt: float, scale_batch: float,
     guard = lossguard.Guard(model, optimizer, events_dir=tmp_path, recover=True, console=False)
     commits = []
     for step, batch in enumerate(guard.batches([{"x": torch.randn(8, 4), "scale": torch.ones(8),
-                                                 "offset": torch.ones(8)} for _ in range(JUMP_STEP + 3)]), 1):
-        if step == JUMP_STEP:
+                                                 "offset": torch.ones(8)} for _ in range(max(jump_steps) + 3)]), 1):
+        if step in jump_steps:
             batch["scale"] = torch.full((8,), scale_batch)
             batch["offset"] = torch.full((8,), 1.0 + offset_batch)
 
         def forward(b):
             return (model(b["x"]).squeeze(-1) ** 2 * b["scale"] + b["offset"]).mean()
 
-        loss = forward(batch) * (scale_first_attempt if step == JUMP_STEP else 1.0)
+        loss = forward(batch) * (scale_first_attempt if step in jump_steps else 1.0)
         loss.backward()
         ok = guard.commit(loss=loss, batch=batch, forward=forward)
         commits.append(ok)
@@ -71,3 +71,12 @@ def test_a_jump_whose_replayed_update_is_ordinary_is_the_datas_and_committed(tmp
     assert all(commits)
     assert [(r["step"], r["kind"], r["steps_lost"]) for r in recoveries] == [(JUMP_STEP, "transient", 0)]
     assert recoveries[0]["replay"]["losses"]["0"] > recoveries[0]["faults"][0]["limit"]
+
+
+def test_two_batches_in_a_row_whose_jump_comes_back_roll_the_weights_back(tmp_path):
+    """One batch that jumps again on its replay is that batch's (held above); the next batch jumping too
+    says the weights are at fault: with snapshots (on by default for this tiny model) the run rolls back."""
+    commits, recoveries = _train(tmp_path, scale_first_attempt=1.0, scale_batch=500.0,
+                                 jump_steps=(JUMP_STEP, JUMP_STEP + 1))
+    assert [(r["step"], r["kind"]) for r in recoveries] == [(JUMP_STEP, "held"), (JUMP_STEP + 1, "rollback")]
+    assert commits[JUMP_STEP - 1:JUMP_STEP + 1] == [False, False]

@@ -95,12 +95,39 @@ def test_a_lone_log_takes_the_recovered_steps_from_the_events_dir_beside_it(tmp_
     recovery = {"type": "recovery", "step": 4, "ranks": [1], "kind": "transient", "samples": [], "steps_lost": 0,
                 "signature": "nonfinite", "code": "LOSS001", "action": "replayed"}
     (events / "events-rank0.jsonl").write_text("".join(json.dumps(x, separators=(",", ":")) + "\n"
-                                                       for x in (header, recovery)))
+                                                       for x in (header, *_committed(LOGGED, 4), recovery)))
     diagnosis = analyze([str(_write(tmp_path, _dicts(LOGGED)))])
     assert diagnosis.verdict == "warning" and [r["step"] for r in diagnosis.recoveries] == [4]
     assert diagnosis.result.stats.num_train == 7
     (events / "events-rank0.jsonl").write_text(json.dumps(header, separators=(",", ":")) + "\n")  # the twin
     assert analyze([str(_write(tmp_path, _dicts(LOGGED[:3] + ["4.324"] + LOGGED[4:])))]).verdict == "healthy"
+
+
+def _committed(losses: list[str], held: int, offset: float = 0.0) -> list[dict]:
+    """The guard's rank-0 training records of the steps it committed (a held step has none)."""
+    return [{"type": "record", "kind": "train", "step": step, "rank": 0,
+             "signals": {"loss": float(loss) + offset, "grad_norm": 0.9}, "data": {}}
+            for step, loss in enumerate(losses, 1) if step != held]
+
+
+def test_another_runs_events_dir_beside_a_lone_log_is_not_read(tmp_path):
+    """Two runs' outputs in one folder: the events dir of a run whose losses are not the log's must not
+    speak for it (its recovered step would drop one of this log's records and call a healthy run recovered).
+    The report says why it was not read."""
+    import json
+
+    events = tmp_path / "other-run-events"
+    events.mkdir()
+    header = {"type": "header", "format": "lossguard-events", "version": 1, "rank": 0}
+    recovery = {"type": "recovery", "step": 4, "ranks": [1], "kind": "transient", "samples": [], "steps_lost": 0,
+                "signature": "nonfinite", "code": "LOSS001", "action": "replayed"}
+    (events / "events-rank0.jsonl").write_text("".join(json.dumps(x, separators=(",", ":")) + "\n"
+                                                       for x in (header, *_committed(LOGGED, 4, 0.37), recovery)))
+    healthy = LOGGED[:3] + ["4.324"] + LOGGED[4:]
+    diagnosis = analyze([str(_write(tmp_path, _dicts(healthy)))])
+    assert diagnosis.verdict == "healthy" and diagnosis.recoveries == [] and diagnosis.result.stats.num_train == 8
+    notes = diagnosis.gathering.notes
+    assert any("of another run" in note and "other-run-events" in note for note in notes), notes
 
 
 def test_the_budget_halt_says_what_recurred_and_what_would_quarantine_it():

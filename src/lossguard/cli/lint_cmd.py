@@ -87,11 +87,12 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
 
     route, args = _inputs(config, training_args, cmd, trust_pickle, world_size)
     doc, config = route.doc, route.doc.source
+    fsdp = _fsdp_view(route, args)
     versions, origin = _versions(env_file), f"--env {env_file}" if env_file else "installed"
     sel, ign = _split(select), _split(ignore)
     options = {"deepspeed_schema": deepspeed_schema, "route_unread": route.unread, "other_versions": True,
                "version_origin": origin}
-    if not env_file and not versions.get("deepspeed"):
+    if not env_file and not versions.get("deepspeed") and fsdp is None:
         click.echo("lossguard: DeepSpeed is not installed here, so version-window rules assume no release; run "
                    "`pip freeze > cluster-freeze.txt` where the job runs and pass --env cluster-freeze.txt", err=True)
     # Machine-readable stdout is only the report: whatever a dependency prints while rules run goes to stderr.
@@ -102,6 +103,7 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
         elif do_fix or unsafe_fixes:
             doc = _apply_fixes(doc, config, output, args, versions, options, unsafe_fixes, sel, ign)
         ctx = lint_context(doc.data, args, versions, source=config, options=options)
+        ctx.fsdp = fsdp  # already read (a bad value was exit 2 above)
         findings = run_rules(ctx, sel, ign)
     lines = {id(f): _line(doc, f.location) if not route.synthesized else None for f in findings}
     color = fmt == "human" and sys.stdout.isatty()
@@ -111,6 +113,17 @@ def lint(config: str | None, training_args: str | None, cmd: str | None, env_fil
     if fmt != "human" and findings:
         click.echo(f"lossguard: {summary(findings)}", err=True)
     _exit_for(findings, fail_on)
+
+
+def _fsdp_view(route: Any, args: dict[str, Any] | None) -> Any:
+    """The FSDP setup the route reaches (or the Trainer's --fsdp arguments); a value of the wrong type is exit 2."""
+    from lossguard.lint.api import fsdp_view
+    from lossguard.lint.document import ConfigError
+
+    try:
+        return fsdp_view(route.doc.data, args, route.shown)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _exit_for(findings: list[Any], fail_on: str) -> None:
@@ -141,9 +154,11 @@ def _route(config: str | None, args: dict[str, Any] | None) -> Any:
 
     try:
         if config:  # the same resolver as `analyze --config` and `probe`; lint alone checks past an unread file
-            route = open_route(config, allow_unread=True)
+            route = open_route(config, allow_unread=True, allow_fsdp=True)
         else:
             route = from_command(args, (args or {}).get("accelerate_config"))
+            if route is None and _trainer_fsdp(args):
+                route = _args_route(args)
             if route is None:
                 raise UserError("lint: no config given; pass CONFIG, or --cmd with --deepspeed FILE or "
                                 "`accelerate launch --config_file FILE`")
@@ -159,6 +174,26 @@ def _route(config: str | None, args: dict[str, Any] | None) -> Any:
         except ConfigError as exc:
             click.echo(f"lossguard: warning: {exc}", err=True)
     return route
+
+
+def _trainer_fsdp(args: dict[str, Any] | None) -> bool:
+    from lossguard.lint.document import ConfigError
+    from lossguard.lint.fsdp import from_args
+
+    try:
+        return from_args(args) is not None
+    except ConfigError:  # a bad value is reported when the view is read (exit 2, naming the key)
+        return True
+
+
+def _args_route(args: dict[str, Any]) -> Any:
+    """No config file: the Trainer's --fsdp / --fsdp_config arguments are the FSDP setup."""
+    from lossguard.lint.document import Document
+    from lossguard.lint.routes import Route
+
+    origin = str(args.get("origin", "training arguments"))
+    return Route(doc=Document(text="", fmt="json", data={}, source=origin), how=f"FSDP: the Trainer's --fsdp in {origin}",
+                 fsdp="trainer")
 
 
 def _line(doc: Any, location: str | None) -> int | None:

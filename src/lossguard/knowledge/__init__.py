@@ -6,11 +6,11 @@ Pure data on top of `core`; `core` never imports it.
 
 from __future__ import annotations
 
-from lossguard.knowledge import deepspeed, training
+from lossguard.knowledge import deepspeed, fsdp, training
 from lossguard.knowledge.issue import KnownIssue, VersionWindow
 
 ISSUES: dict[str, KnownIssue] = {}
-for _issue in (*deepspeed.ISSUES, *training.ISSUES):
+for _issue in (*deepspeed.ISSUES, *training.ISSUES, *fsdp.ISSUES):
     if _issue.id in ISSUES:
         raise ValueError(f"known issue id {_issue.id!r} is used twice")
     ISSUES[_issue.id] = _issue

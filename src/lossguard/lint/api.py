@@ -14,6 +14,8 @@ from lossguard.lint.args import load_args_file, normalize
 from lossguard.lint.context import LintContext
 from lossguard.lint.document import ConfigError, Document, load_config, read_document
 from lossguard.lint.env import installed_versions, versions_from_file
+from lossguard.lint.fsdp import FsdpView, from_args, read_view
+from lossguard.lint.routes import recognised_keys
 from lossguard.lint.rules import select_rules
 from lossguard.lint.rules.base import Edit, fix_of
 
@@ -41,8 +43,19 @@ def _args(training_args: dict[str, Any] | str | None) -> dict[str, Any] | None:
 def lint_context(config: dict[str, Any], training_args: dict[str, Any] | str | None = None,
                  env: dict[str, str] | str | None = None, *, source: str = "<config>",
                  options: dict[str, Any] | None = None) -> LintContext:
-    return LintContext(raw=config, args=_args(training_args), versions=_versions(env), source=source,
-                       options=dict(options or {}))
+    """Raises ConfigError when FSDP keys hold values of the wrong type (the message names the key)."""
+    args = _args(training_args)
+    return LintContext(raw=config, args=args, versions=_versions(env), source=source, options=dict(options or {}),
+                       fsdp=fsdp_view(config, args, source))
+
+
+def fsdp_view(config: Any, args: dict[str, Any] | None, source: str = "<config>") -> FsdpView | None:
+    """The FSDP setup of the config (an accelerate / Trainer / training YAML / torchtitan ... file), else the
+    Trainer's `--fsdp` arguments when no DeepSpeed config is given; None for a DeepSpeed run."""
+    view = read_view(config, source) if isinstance(config, dict) else None
+    if view is None and not (isinstance(config, dict) and recognised_keys(config)):
+        view = from_args(args)
+    return view
 
 
 def run_rules(ctx: LintContext, select: list[str] | None = None, ignore: list[str] | None = None) -> list[Finding]:
@@ -50,6 +63,8 @@ def run_rules(ctx: LintContext, select: list[str] | None = None, ignore: list[st
 
     findings: list[Finding] = []
     for rule in select_rules(select, ignore):
+        if ctx.engine not in rule.engines:
+            continue
         ctx.read.clear()
         found = list(rule.check(ctx))
         read = set(ctx.read)

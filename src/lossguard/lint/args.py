@@ -36,7 +36,7 @@ HF_DEFAULTS: dict[str, Any] = {
 }
 
 _BOOL_KEYS = {"fp16", "bf16", "logging_nan_inf_filter", "gradient_checkpointing", "lora", "fp16_full_eval",
-              "bf16_full_eval", "lora_enable", "use_lora", "use_peft"}
+              "bf16_full_eval", "lora_enable", "use_lora", "use_peft", "use_peft_lora"}
 _INT_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps", "warmup_steps", "max_steps",
              "world_size", "num_nodes", "hidden_size"}
 _FLOAT_KEYS = {"max_grad_norm", "learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
@@ -107,7 +107,7 @@ def normalize(raw: dict[str, Any], origin: str) -> dict[str, Any]:
             lora = str(raw.get("finetuning_type", "")).lower() == "lora" or None
         elif framework == "axolotl":
             lora = str(raw.get("adapter", "")).lower() in ("lora", "qlora") or None
-        if any(out.get(k) for k in ("lora_enable", "use_lora", "use_peft")):
+        if any(out.get(k) for k in ("lora_enable", "use_lora", "use_peft", "use_peft_lora")):
             lora = True
         if lora is not None:
             out["lora"] = lora

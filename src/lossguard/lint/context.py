@@ -13,6 +13,7 @@ from typing import Any
 from lossguard.core.dsconfig import DeepSpeedConfig, as_bool, as_number, dtype_name
 from lossguard.core.dsconfig import get_in as _get_in
 from lossguard.core.versions import in_range, parse
+from lossguard.lint.fsdp import FsdpView
 from lossguard.lint.resolve import Resolution, resolve
 
 Path = tuple[str, ...]
@@ -46,11 +47,16 @@ class LintContext:
     options: dict[str, Any] = field(default_factory=dict)
     resolution: Resolution = field(init=False)
     read: set[str] = field(default_factory=set)  # packages whose version a rule looked at (lint/assumed.py)
+    fsdp: FsdpView | None = None  # an FSDP run (lint/fsdp.py): no DeepSpeed config, the FSDP rules apply
 
     def __post_init__(self) -> None:
-        if not isinstance(self.raw, dict):
+        if not isinstance(self.raw, dict) or self.fsdp is not None:
             self.raw = {}
         self.resolution = resolve(self.raw, self.args if self.hf_args else None)
+
+    @property
+    def engine(self) -> str:
+        return "fsdp" if self.fsdp is not None else "deepspeed"
 
     @property
     def hf_args(self) -> bool:

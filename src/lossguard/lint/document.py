@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from lossguard.lint.tomldoc import TomlError, load_toml
+
 Path = tuple[str, ...]
 
 
@@ -33,7 +35,7 @@ class Span:
 @dataclass(slots=True)
 class Document:
     text: str
-    fmt: str  # "json" or "yaml"
+    fmt: str  # "json", "yaml" or "toml"
     data: dict[str, Any]
     source: str = "<config>"
     warnings: list[str] = field(default_factory=list)
@@ -353,15 +355,18 @@ def sniff_format(path: str, text: str) -> str:
     ext = os.path.splitext(path)[1].lower()
     if ext in (".yaml", ".yml"):
         return "yaml"
-    if ext in (".json", ".jsonc", ".hjson"):
-        return "json"
+    if ext in (".json", ".jsonc", ".hjson", ".toml"):
+        return "toml" if ext == ".toml" else "json"
     return "json" if text.lstrip().startswith(("{", "//", "/*")) else "yaml"
 
 
 def parse_text(text: str, source: str, fmt: str) -> Document:
     try:
-        doc = parse_json(text, source) if fmt == "json" else parse_yaml(text, source)
-    except ConfigError as exc:
+        if fmt == "toml":  # torchtitan train configs: values only, no key positions
+            doc = Document(text=text, fmt="toml", data=load_toml(text), source=source)
+        else:
+            doc = parse_json(text, source) if fmt == "json" else parse_yaml(text, source)
+    except (ConfigError, TomlError) as exc:
         raise ConfigError(f"{source}: {exc}; fix the syntax and run again") from None
     if not isinstance(doc.data, dict):
         kind = type(doc.data).__name__ if doc.data is not None else "nothing"

@@ -68,6 +68,7 @@ class Route:
     unread: str | None = None  # the file the route names could not be read: why (lint checks what it has)
     shown: str = ""  # the file findings are reported against (the YAML for a synthesized config)
     via: Document | None = None  # the accelerate / training YAML that named or built `doc`
+    fsdp: str | None = None  # an FSDP config of this kind (lint/fsdp.py): no DeepSpeed config behind it
 
     def __post_init__(self) -> None:
         self.shown = self.shown or self.doc.source
@@ -82,10 +83,32 @@ def follow(doc: Document) -> Route:
     data = doc.data
     if isinstance(data.get("deepspeed_config"), dict) or data.get("distributed_type") == "DEEPSPEED":
         return _accelerate(doc)
+    fsdp = _fsdp_kind(data)
+    if fsdp:
+        return _fsdp(doc, fsdp)
     target = data.get("deepspeed")
     if target is not None:  # not a DeepSpeed key: training arguments that name the config (they may share GA)
         return _args_yaml(doc, target)
     return Route(doc=doc, how="DeepSpeed config", recognised=bool(recognised_keys(data)))
+
+
+def _fsdp_kind(data: dict[str, Any]) -> str | None:
+    from lossguard.lint.fsdp import kind_of
+
+    return None if data.get("deepspeed") else kind_of(data)
+
+
+def _fsdp(doc: Document, kind: str) -> Route:
+    """An FSDP config: linted by the FSDP rules; a training YAML is the Trainer's arguments too."""
+    launch = _accelerate_launch(doc.data) if kind == "accelerate" else {}
+    from lossguard.lint.args import normalize
+
+    args_file = doc.source if kind == "trainer" and normalize(doc.data, doc.source).get("framework") != "hf" else None
+    names = {"accelerate": "accelerate YAML", "trainer": "training arguments", "trainer-fsdp-config":
+             "Trainer --fsdp_config file", "torchtitan": "torchtitan TOML", "torchtune": "torchtune recipe",
+             "composer": "llm-foundry (Composer) YAML", "verl": "verl FSDP engine config"}
+    return Route(doc=doc, how=f"FSDP config: {names.get(kind, kind)} {doc.source}", launch=launch,
+                 args_file=args_file, fsdp=kind)
 
 
 def _accelerate(doc: Document) -> Route:
@@ -183,12 +206,15 @@ def from_command(args: dict[str, Any] | None, accelerate_config: str | None) -> 
     return None
 
 
-def open_route(path: str, *, allow_unread: bool = False) -> Route:
+def open_route(path: str, *, allow_unread: bool = False, allow_fsdp: bool = False) -> Route:
     """The DeepSpeed config a run uses, from the file the user points at (a DeepSpeed JSON/YAML, an accelerate
     YAML, a LLaMA-Factory / axolotl YAML). Raises ConfigError (one line: file, key, next step) when it
     cannot be read, names a file that cannot be read, or holds no DeepSpeed key. `allow_unread` keeps an
     accelerate YAML whose `deepspeed_config_file` is unreadable (lint checks its other keys and says so)."""
     route = follow(read_document(path))
+    if route.fsdp and not allow_fsdp:
+        raise ConfigError(f"{path}: an FSDP config ({route.how}); this command reads DeepSpeed configs only "
+                          "(`lossguard lint` checks FSDP configs)")
     if route.unread and not allow_unread:
         raise ConfigError(route.unread)
     check_recognised(route, path)

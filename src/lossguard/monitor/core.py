@@ -22,20 +22,20 @@ from lossguard.core.engine import Engine
 from lossguard.core.findings import Finding
 from lossguard.core.records import TRAIN, Record, event
 from lossguard.detectors import make_detectors
-from lossguard.monitor import deferred, dist, first_step, sharding, summary, tensors, wire
+from lossguard.monitor import deferred, dist, first_step, settle, sharding, summary, tensors, wire
 from lossguard.monitor.exchange import Exchange
 from lossguard.monitor.options import GuardOptions, halt_rules, should_halt
 from lossguard.monitor.recover import Gate, Hold
-from lossguard.monitor.settle import Settling
 from lossguard.monitor.sinks import (
     JsonlSink,
     Webhook,
+    announce_halt,
     at_least,
     finding_line,
     format_finding,
     record_line,
     say,
-    unreadable_line,
+    tell_unreadable,
 )
 
 
@@ -50,7 +50,7 @@ class Monitor:
         self.optimizer = optimizer
         self.engine = Engine(make_detectors() if options.detectors is None else options.detectors)
         self.rules = halt_rules(options.halt_on)
-        self.settling = Settling(self.engine.detectors)  # halts that wait for a column to contradict them
+        self.settling = settle.Settling(self.engine.detectors)  # halts that wait for a column to contradict them
         self.halted_at: int | None = None
         # recover=True: the commit gate (monitor/recover.py); `held`: its last decision (None: committed)
         self.gate = Gate(options.recovery) if options.recovery is not None else None
@@ -73,12 +73,10 @@ class Monitor:
         self._micro: list[tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]] = []
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self._trainable = trainable
-        # FSDP (monitor/sharding.py): the parameters this rank holds a shard of, and the rest
-        self.sharded = sharding.Split(model, [p for _, p in trainable], self.world_size)
+        self.sharded = sharding.Split(model, [p for _, p in trainable], self.world_size)  # FSDP shards, the rest
         self.groups, assign = tensors.assign_groups(trainable, options.module_groups)
         self.updates = tensors.UpdateSampler(trainable, self.groups, assign, options.update_sample_size)
-        # FSDP sets a shard's gradient itself after its reduce-scatter, not through autograd: a tensor hook
-        # on the shard never fires, so only the replicated parameters are watched
+        # FSDP sets a shard's gradient after its reduce-scatter, not through autograd: no hook would fire there
         self.grad_watch = tensors.GradWatch([(n, p) for n, p in trainable if id(p) not in self.sharded.ids])
         num_lr = len(getattr(optimizer, "param_groups", None) or []) or 1
         self.layout = wire.Layout(num_lr=num_lr, groups=tuple(self.groups))
@@ -95,13 +93,9 @@ class Monitor:
         if options.webhook_url and self.rank == 0:
             self.webhook = Webhook(options.webhook_url)
         self._emit_records([event("facts", None, None, **self.facts)])
-        self._said_skipped = 0
-        try:  # never an exception into the user's constructor: a failure is reported at the first exchange
-            self._say_skipped()
-            if self._scheduled(1):
-                self.updates.snapshot()
-        except Exception as exc:
-            self._fail(exc, "start")
+        if self._scheduled(1):
+            self.updates.snapshot()  # never raises: a parameter it cannot read is skipped (tensors.UpdateSampler)
+        tell_unreadable(self.jsonl, self.rank, self.options.console, self.updates.unsaid())
 
     # -- per micro-batch -------------------------------------------------------------------------
     def observe_micro(self, loss: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -185,7 +179,7 @@ class Monitor:
                 found += self.analyse_rows(step, rows, leading, seen) if rows is not None else \
                     self.analyse_summary(step, seen, own)
             hits, refuted = self.settling.due(should_halt(self.rules, found))
-            self._say_refuted(step, refuted)
+            settle.say_refuted(step, refuted, self.jsonl, self.rank == 0)
             hits = hits or (found if getattr(hold, "give_up", False) else [])
         except Exception as exc:
             self._fail(exc, "analysis")
@@ -194,13 +188,9 @@ class Monitor:
                 self.updates.snapshot()
             except Exception as exc:
                 self._fail(exc, "update snapshot")
-        try:
-            self._say_skipped()
-        except Exception as exc:
-            self._fail(exc, "unreadable tensors")
         if (hits or getattr(hold, "give_up", False)) and self.halted_at is None:
             self.halted_at = step
-            self._announce_halt(step, hits, hold)
+            announce_halt(self, step, hits, hold)
             return True
         return False
 
@@ -308,33 +298,17 @@ class Monitor:
         values.grad_norm, values.grad_sq_shard = self.sharded.norm_slots(grad_norm)  # FSDP: folded in the exchange
         wire.put_micro(values, micro, self.device)
         if self._measured(step):
-            # None under ZeRO-3 and FSDP: no replicas
-            values.param_fingerprint = tensors.fingerprint(self.model, self.sharded.ids)
+            values.param_fingerprint = tensors.fingerprint(self.model, self.sharded.ids)  # None: no replicas
             values.update_ratios = self.updates.ratios(keep=self._measured(step + 1))
+            tell_unreadable(self.jsonl, self.rank, self.options.console, self.updates.unsaid())
         return values
-
-    def _say_skipped(self) -> None:
-        """Parameters the update sampler cannot read (left out of the update ratios), said once each: an
-        `unreadable-tensors` event in this rank's events file, a line on rank 0's console."""
-        new = self.updates.skipped[self._said_skipped:]
-        if not new:
-            return
-        self._said_skipped = len(self.updates.skipped)
-        line = event("unreadable-tensors", None, self.rank, params=[n for n, _ in new][:50], count=len(new),
-                     why=new[0][1])
-        if self.jsonl is not None:  # this rank's own file only: the engines see the same records on every rank
-            self.jsonl.write(record_line(line))
-        if self.rank == 0 and self.options.console:
-            say(unreadable_line(new))
 
     def analyse_summary(self, step: int, seen: summary.Summary, own: list[float] | None = None) -> list[Finding]:
         """A step read from the summary alone: the run-level record through the engine. This rank's own row
         still goes to its events file, so the file holds every step of the rank as below the threshold.
         The new findings. (`bench/scale.py` times `Summary.read` + `Exchange.note` + this.)"""
         if own is not None:
-            if wire.sharded_row(own) and seen.has(wire.GRAD_NORM):  # FSDP: the run's norm, as a gathered row has
-                own = wire.with_grad_norm(own, seen.value(wire.GRAD_NORM))
-            self._write_own(step, own)
+            self._write_own(step, summary.own_row(own, seen))
         return self._emit_records([summary.run_record(seen, step)])
 
     def _write_own(self, step: int, own: list[float]) -> None:
@@ -355,7 +329,7 @@ class Monitor:
         this at simulated world sizes.)"""
         if seen is None:
             return self._emit_records([*leading, *self._records(step, rows)])
-        picked = self._ranks_to_feed(step, rows, seen)
+        picked = summary.ranks_to_feed(self.layout, step, rows, seen, self._watched)
         if self.rank not in picked:
             self._write_own(step, rows[self.rank])
         ranked = [self._row_record(step, rank, rows[rank]) for rank in picked]
@@ -364,35 +338,11 @@ class Monitor:
                 self._last_skipped[rank] = row[wire.SKIPPED]
         return self._emit_records([*leading, *ranked, summary.run_record(seen, step)])
 
-    def _ranks_to_feed(self, step: int, rows: list[list[float]], seen: summary.Summary) -> list[int]:
-        """The ranks that stand out at this step, those that stood out in the last `summary.DETAIL_AFTER`
-        steps (their detectors see how the fault went on, and a clean record ends their streaks), and a
-        reference first: the lowest rank that does not stand out, which rank-to-rank comparisons (a
-        replica's fingerprint) measure the others against."""
-        odd = summary.standouts(self.layout, rows, seen)
-        for rank in odd:
-            self._watched[rank] = step
-        self._watched = {r: at for r, at in self._watched.items() if step - at <= summary.DETAIL_AFTER}
-        if not self._watched:
-            return []
-        reference = next((r for r in range(len(rows)) if r not in self._watched), None)
-        return ([] if reference is None else [reference]) + sorted(self._watched)
-
     def _records(self, step: int, rows: list[list[float]]) -> list[Record]:
         return [self._row_record(step, rank, row) for rank, row in enumerate(rows)]
 
     def _row_record(self, step: int, rank: int, row: list[float]) -> Record:
-        signals, data = self.layout.decode(row)
-        if (skipped := signals.get("skipped_steps")) is not None:
-            if skipped > self._last_skipped.get(rank, 0.0) and "grad_norm" in signals:
-                # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): DeepSpeed's
-                # grad_norm is then its overflow marker (inf, or the last good value), not a measurement
-                data["step_skipped"] = True
-                data["grad_norm_reported"] = signals.pop("grad_norm")
-            self._last_skipped[rank] = skipped
-        else:  # no skip counter: a GradScaler's overflow, if any, is read from the norm
-            wire.mark_scaler_overflow(signals, data)
-        return Record(step=step, rank=rank, signals=signals, data=data, source="live")
+        return wire.row_record(self.layout, step, rank, row, self._last_skipped)
 
     def _emit_records(self, records: list[Record]) -> list[Finding]:
         new: list[Finding] = []
@@ -417,28 +367,6 @@ class Monitor:
                 say(format_finding(finding))
             if self.webhook is not None and at_least(finding, self.options.webhook_min_severity):
                 self.webhook.send(format_finding(finding))
-
-    def _say_refuted(self, step: int, refuted: list[tuple[Finding, str]]) -> None:
-        """A halt that waited for its finding to settle, and the logs since refuted it: the run goes on."""
-        for finding, why in refuted:
-            if self.jsonl is not None:
-                self.jsonl.write({"type": "halt-waived", "step": step, "code": finding.code,
-                                  "finding_step": finding.step, "why": why})
-            if self.rank == 0:
-                say(f"lossguard: step {step}: no halt on {finding.code} ({finding.signature or finding.name}) "
-                    f"from step {finding.step}: {why}")
-
-    def _announce_halt(self, step: int, hits: list[Finding], hold: Hold | None = None) -> None:
-        codes = ", ".join(sorted({f"{f.code} ({f.signature or f.name})" for f in hits}))
-        text = self.gate.console_line(hold) if hold is not None else \
-            f"lossguard: halting at step {step} on every rank: {codes}"
-        if self.jsonl is not None:
-            self.jsonl.write({"type": "halt", "step": step, "codes": [f.code for f in hits],
-                              **({"reason": "recovery-budget"} if hold is not None else {})})
-        if self.rank == 0:
-            say(text)
-            if self.webhook is not None:
-                self.webhook.send(text)
 
     def _fail(self, exc: BaseException, where: str, raise_ok: bool = True) -> None:
         """A lossguard bug: remembered, reported once (all ranks agree at the next gather)."""

@@ -111,6 +111,7 @@ class Guard:
         self.scaler = None  # a dynamic loss scaler (torch.amp GradScaler): see `__init__`
         self.handed = 0  # batches `batches` has handed out: the data position a snapshot records
         self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
+        self._jump_at: int | None = None  # the last step held for a loss jump that came back on its replay
         if options.recovery is not None:
             # FSDP's DTensor and flat shards are not snapshotted yet: the gate still holds a faulty step
             why_not = "the model's parameters are FSDP shards, which snapshots do not hold yet (a faulty step " \
@@ -211,10 +212,17 @@ class Guard:
                     return True
             except Exception as exc:  # past that (the recompute, the exchange itself): report, hold the step
                 self.monitor._fail(exc, "replay")
-            if replayer.outcome == "jump" and self.ring is not None:  # the state's fault: roll back
+            # A jump that comes back on the replay of its own batch: that batch's (hold it), unless the step
+            # before was held for the same reason on another batch; two batches in a row that jump are the
+            # weights' fault (the state): roll back. Rolling back on one batch would throw away good steps
+            # for what one hard batch did. Every rank sees the same outcome, so takes the same path.
+            jumped_before, self._jump_at = self._jump_at == hold.step - 1, \
+                (hold.step if replayer.outcome == "jump" else None)
+            if replayer.outcome == "jump" and self.ring is not None:  # the replayer left the record to us
                 outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
                                              snapshots.Trainable(model or self.model), optimizer or self.optimizer,
-                                             self.scheduler, jump=True, scaler=restorable.scaler_state(self.scaler))
+                                             self.scheduler, jump=True, scaler=restorable.scaler_state(self.scaler)) \
+                    if jumped_before else "none"
                 if outcome == "none":
                     replayer.record_jump()
         self._drop(model or self.model)

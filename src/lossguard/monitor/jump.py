@@ -24,8 +24,9 @@ With no history yet (the first WARMUP steps) the same test runs against what the
 a wider margin: a loss over EARLY_RATIO times theirs (with the norm over 1 + NORM_RELATIVE times theirs) is a
 run diverging from its first steps (an LR 1000x too high), never a healthy start.
 
-Where no gradient norm is measured before the step (a DeepSpeed engine's gate: the engine computes it inside
-`step()`), the update cannot be judged and the loss test alone decides, as it always did there.
+A DeepSpeed engine's gate measures each rank's partition norm before `step()` (adapters/ds_norm.py: the
+engine's own norm comes only inside it). Where no gradient norm is measured before the step (the bf16
+optimizer without ZeRO, an offloaded optimizer), the update cannot be judged and the loss test alone decides.
 
 The value kept per step is the step's highest finite value over the ranks, and the value tested is the same
 statistic: it is what both exchange paths know exactly (the gathered rows, and above the world-size

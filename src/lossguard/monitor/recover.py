@@ -110,6 +110,10 @@ class Gate:
     watch_drift: bool = False
     # what each recovery within the window did (step -> its `recovery` line): the budget's halt says what recurred
     recent: dict = field(default_factory=dict)
+    # a DeepSpeed gate: the norm a rank sends before the step is its own partition's (adapters/ds_norm.py), read
+    # for the jump test; a non-finite one beside a finite loss is left to DeepSpeed's own overflow check, which
+    # skips that step (and under fp16 lowers the scale: a held step would leave the scale where it overflows)
+    engine_overflow: bool = False
 
     def note(self, event: dict[str, Any]) -> None:
         """Remember a recovery as it was written (held, replayed, quarantined, rolled back), for the halt."""
@@ -138,7 +142,7 @@ class Gate:
         emptied = [rank for rank, row in enumerate(rows) if wire.emptied(row)] if rows is not None else []
         if emptied:
             return Hold(step, [{"fault": EMPTIED, "ranks": emptied, "values": {}}], skip=True)
-        faults = _from_rows(rows) if rows is not None else _from_summary(seen)
+        faults = _from_rows(rows, self.engine_overflow) if rows is not None else _from_summary(seen, self.engine_overflow)
         peak, norm = _peak(rows, seen), _peak(rows, seen, wire.GRAD_NORM)
         drift = _drift(rows) if self.watch_drift and rows is not None else None
         jump = _jump(self.losses.bound(), peak, rows, self.norms.bound(), norm, _measured(rows, seen))
@@ -212,22 +216,24 @@ def describe(faults: list[dict[str, Any]]) -> str:
                         + ")" if f["fault"] == JUMP else "") for f in faults)
 
 
-def _from_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
+def _from_rows(rows: list[list[float]], engine_overflow: bool = False) -> list[dict[str, Any]]:
     faults = []
     for name, slot, _, _ in _BY_SLOT:
         values = {rank: row[slot] for rank, row in enumerate(rows) if _present(row, slot) and _faulty(slot, row[slot])
-                  and not (slot == wire.GRAD_NORM and _overflow(row))}
+                  and not (slot == wire.GRAD_NORM and _overflow(row, engine_overflow))}
         if values:
             faults.append({"fault": name, "ranks": sorted(values), "values": values})
     return faults
 
 
-def _overflow(row: list[float]) -> bool:
+def _overflow(row: list[float], engine_overflow: bool = False) -> bool:
     """A non-finite gradient norm under a dynamic loss scaler (the rank sends its scale) beside a finite
     loss: the scaler skips that step and lowers its scale (torch.amp's GradScaler, Lightning's 16-mixed).
-    The scaler's business: the step is let through to it, never held, never counted against the budget."""
+    The scaler's business: the step is let through to it, never held, never counted against the budget.
+    Under a DeepSpeed gate (`engine_overflow`) the same beside a finite loss, scale or not: the engine's own
+    overflow check skips the step."""
     bits = row[wire.PRESENT]
-    return bits == bits and bool(int(bits) & wire.HAS_SCALE) and math.isfinite(row[wire.RAW_LOSS])
+    return bits == bits and (engine_overflow or bool(int(bits) & wire.HAS_SCALE)) and math.isfinite(row[wire.RAW_LOSS])
 
 
 def _present(row: list[float], slot: int) -> bool:
@@ -239,13 +245,14 @@ def _faulty(slot: int, value: float) -> bool:
     return value == 0.0 if slot == wire.MIN_LABELS else not math.isfinite(value)
 
 
-def _from_summary(seen: summary.Summary | None) -> list[dict[str, Any]]:
+def _from_summary(seen: summary.Summary | None, engine_overflow: bool = False) -> list[dict[str, Any]]:
     """A step read from the summary alone (no rank showed anything there, or it would have been gathered):
     the same test on the counts, for the record without ranks."""
     if seen is None:
         return []
     faults = []
-    scaled = seen.has(wire.LOSS_SCALE) and seen.nonfinite[wire.RAW_LOSS] == 0  # overflows: the scaler's
+    # overflows: the scaler's (or the DeepSpeed engine's own check's)
+    scaled = (engine_overflow or seen.has(wire.LOSS_SCALE)) and seen.nonfinite[wire.RAW_LOSS] == 0
     for name, slot, _, _ in _BY_SLOT:
         count = seen.zeros[slot] if slot == wire.MIN_LABELS else seen.nonfinite[slot]
         if count > 0 and not (slot == wire.GRAD_NORM and scaled):

@@ -12,6 +12,7 @@ rows everywhere, so every rank halts, or does not, at the same step.
 from __future__ import annotations
 
 from lossguard.core.findings import Finding
+from lossguard.monitor.sinks import say
 
 
 class Settling:
@@ -47,3 +48,14 @@ class Settling:
                 detector.review()  # the finding says why it is no dead run, as `analyze` would
                 refuted.append((entry[0], why))
         return now, refuted
+
+
+def say_refuted(step: int, refuted: list[tuple[Finding, str]], jsonl, console: bool) -> None:
+    """A halt that waited for its finding to settle, and the logs since refuted it: the run goes on."""
+    for finding, why in refuted:
+        if jsonl is not None:
+            jsonl.write({"type": "halt-waived", "step": step, "code": finding.code, "finding_step": finding.step,
+                         "why": why})
+        if console:
+            say(f"lossguard: step {step}: no halt on {finding.code} ({finding.signature or finding.name}) from "
+                f"step {finding.step}: {why}")

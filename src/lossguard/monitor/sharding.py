@@ -20,23 +20,8 @@ from typing import Any
 
 import torch
 
-
-def _dtensor_class() -> Any:
-    try:
-        from torch.distributed.tensor import DTensor
-    except Exception:  # a torch without DTensor: nothing is an FSDP2 parameter
-        return None
-    return DTensor
-
-
-def is_dtensor(tensor: Any) -> bool:
-    cls = _dtensor_class()
-    return cls is not None and isinstance(tensor, cls)
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor: a DTensor's local shard (no collective); any other tensor as it is."""
-    return tensor.to_local() if is_dtensor(tensor) else tensor
+from lossguard.monitor import tensors
+from lossguard.monitor.dtensor import is_dtensor
 
 
 class Split:
@@ -57,8 +42,6 @@ class Split:
         (a plain tensor or number, a DTensor replicated on every rank) as it is; none, or a partial DTensor,
         under sharding: the replicated gradients' norm and this rank's share of the shards' squared norm,
         folded into the run's in the exchange (wire.fold_shard_norms). Device ops, no collective."""
-        from lossguard.monitor import tensors
-
         if self.sharded and (grad_norm is None or (is_dtensor(grad_norm) and not all(
                 p.is_replicate() for p in grad_norm.placements))):
             return tensors.grad_norm(self.replicated), tensors.sharded_grad_sq(self.sharded)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lossguard.core.findings import Finding, Severity
-from lossguard.core.records import EVENTS_FILE, Record
+from lossguard.core.records import EVENTS_FILE, Record, event
 
 FORMAT = "lossguard-events"
 FORMAT_VERSION = 1
@@ -163,8 +163,30 @@ def at_least(finding: Finding, severity: str) -> bool:
     return finding.severity >= Severity.parse(severity)
 
 
-def unreadable_line(skipped: list[tuple[str, str]]) -> str:
-    """The console line for parameters the guard cannot read, (name, why) each."""
-    more = ", ..." if len(skipped) > 1 else ""
-    return (f"lossguard: {len(skipped)} parameter(s) left out of the update ratios, which this guard cannot read "
-            f"({skipped[0][0]}{more}: {skipped[0][1]}); training and the other signals are unaffected")
+def tell_unreadable(jsonl: Any, rank: int, console: bool, skipped: list[tuple[str, str]]) -> None:
+    """Parameters the guard cannot read (name, why), left out of the update ratios, said once each: an
+    `unreadable-tensors` event in this rank's own file (not its engine: the engines see the same records on
+    every rank), a line on rank 0's console."""
+    if not skipped:
+        return
+    if jsonl is not None:
+        jsonl.write(record_line(event("unreadable-tensors", None, rank, params=[n for n, _ in skipped][:50],
+                                      count=len(skipped), why=skipped[0][1])))
+    if rank == 0 and console:
+        more = ", ..." if len(skipped) > 1 else ""
+        say(f"lossguard: {len(skipped)} parameter(s) left out of the update ratios, which this guard cannot "
+            f"read ({skipped[0][0]}{more}: {skipped[0][1]}); training and the other signals are unaffected")
+
+
+def announce_halt(monitor: Any, step: int, hits: list[Finding], hold: Any = None) -> None:
+    """The halt, on every rank's events file and on rank 0's console (and webhook)."""
+    codes = ", ".join(sorted({f"{f.code} ({f.signature or f.name})" for f in hits}))
+    text = monitor.gate.console_line(hold) if hold is not None else \
+        f"lossguard: halting at step {step} on every rank: {codes}"
+    if monitor.jsonl is not None:
+        monitor.jsonl.write({"type": "halt", "step": step, "codes": [f.code for f in hits],
+                             **({"reason": "recovery-budget"} if hold is not None else {})})
+    if monitor.rank == 0:
+        say(text)
+        if monitor.webhook is not None:
+            monitor.webhook.send(text)

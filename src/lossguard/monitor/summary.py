@@ -144,6 +144,14 @@ def fold_shard_norm(summary: Summary) -> Summary:
     return summary
 
 
+def own_row(row: list[float], summary: Summary) -> list[float]:
+    """A rank's own row of a summary-only step, as its events file gets it: a sharded rank's (FSDP) with the
+    run's gradient norm, as a gathered row has it; any other as it is."""
+    if wire.sharded_row(row) and summary.has(GRAD_NORM):
+        return wire.with_grad_norm(row, summary.value(GRAD_NORM))
+    return row
+
+
 def reasons(summary: Summary, last_skips: tuple[float, float] | None) -> list[str]:
     """Why this step must be looked at rank by rank (empty: the run-level record says it all). Decided
     from the summary alone, so every rank gives the same answer. `last_skips`: the previous step's
@@ -221,3 +229,18 @@ def run_record(summary: Summary, step: int) -> Record:
         signals["update_ratio"] = max(finite) if finite else math.nan
         data["update_ratio_groups"] = dict(zip(layout.groups, ratios))
     return Record(step=step, rank=None, signals=signals, data=data, source="live")
+
+
+def ranks_to_feed(layout, step: int, rows: list[list[float]], seen: Summary, watched: dict[int, int]) -> list[int]:
+    """The ranks that stand out at this step, those that stood out in the last DETAIL_AFTER steps (their
+    detectors see how the fault went on, and a clean record ends their streaks), and a reference first: the
+    lowest rank that does not stand out, which rank-to-rank comparisons (a replica's fingerprint) measure the
+    others against. `watched` (rank -> the last step it stood out) is updated in place."""
+    for rank in standouts(layout, rows, seen):
+        watched[rank] = step
+    for rank in [r for r, at in watched.items() if step - at > DETAIL_AFTER]:
+        del watched[rank]
+    if not watched:
+        return []
+    reference = next((r for r in range(len(rows)) if r not in watched), None)
+    return ([] if reference is None else [reference]) + sorted(watched)

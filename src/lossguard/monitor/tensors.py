@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor.sharding import is_dtensor, local
+from lossguard.monitor.dtensor import is_dtensor, local
 
 IGNORE_INDEX = -100
 
@@ -210,6 +210,7 @@ class UpdateSampler:
         self.sample_size = sample_size
         self.saved: torch.Tensor | None = None
         self.skipped: list[tuple[str, str]] = []  # (parameter name, why it cannot be read)
+        self._said = 0
         self.items: list[tuple[int, torch.nn.Parameter]] = []
         self._names: list[str] = []
         for name, param in named_params:
@@ -244,7 +245,18 @@ class UpdateSampler:
         return torch.cat([view.to(device) for view in views]).float()
 
     def snapshot(self) -> None:
-        self.saved = self._sample()  # a new tensor: torch.cat copies
+        """The sample to compare with after the step (a new tensor: torch.cat copies). Never raises: a
+        sample that fails even after dropping what cannot be read leaves no snapshot (no ratio next)."""
+        try:
+            self.saved = self._sample()
+        except Exception as exc:
+            self.saved = None
+            self.skipped.append(("(the sample)", f"{type(exc).__name__}: {str(exc)[:200]}"))
+
+    def unsaid(self) -> list[tuple[str, str]]:
+        """The parameters skipped since the last call: each is said once."""
+        new, self._said = self.skipped[self._said:], len(self.skipped)
+        return new
 
     def ratios(self, keep: bool = False) -> list[torch.Tensor] | None:
         """Per group, the change since the snapshot. `keep`: the sample taken now is the next snapshot (the

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from lossguard.core.records import Record
+
 RAW_LOSS, LABELS, MIN_LABELS, GRAD_NORM, LOSS_SCALE, SKIPPED, FINGERPRINT, ERROR, PRESENT, GRAD_SQ = range(10)
 NUM_BASE = 10
 # Bits of the PRESENT slot: which optional signals this rank measured at this step.
@@ -247,3 +249,18 @@ def mark_scaler_overflow(signals: dict[str, float], data: dict[str, Any]) -> Non
             and math.isfinite(signals.get("raw_loss", math.nan)):
         data["step_skipped"] = True
         data["grad_norm_reported"] = signals.pop("grad_norm")
+
+
+def row_record(layout: Layout, step: int, rank: int, row: list[float], last_skipped: dict[int, float]) -> Record:
+    """One rank's gathered row as a live record; `last_skipped` (each rank's skip count so far) is advanced."""
+    signals, data = layout.decode(row)
+    if (skipped := signals.get("skipped_steps")) is not None:
+        if skipped > last_skipped.get(rank, 0.0) and "grad_norm" in signals:
+            # the optimizer skipped this step (fp16 overflow, bf16 check_grad_overflow): DeepSpeed's
+            # grad_norm is then its overflow marker (inf, or the last good value), not a measurement
+            data["step_skipped"] = True
+            data["grad_norm_reported"] = signals.pop("grad_norm")
+        last_skipped[rank] = skipped
+    else:  # no skip counter: a GradScaler's overflow, if any, is read from the norm
+        mark_scaler_overflow(signals, data)
+    return Record(step=step, rank=rank, signals=signals, data=data, source="live")

@@ -10,7 +10,6 @@ so the detectors see exactly what they saw live (a held step never reached them)
 from __future__ import annotations
 
 import math
-
 from collections.abc import Iterator
 from pathlib import Path
 

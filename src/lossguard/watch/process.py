@@ -5,7 +5,10 @@ pidfd for the child's exit (Linux; polled elsewhere), and a self-pipe that our s
 Every chunk is written through first (`os.write`, unbuffered, so colours and tqdm's `\\r` redraws arrive
 as the child wrote them), then logged and analysed line by line. Stopping is SIGINT to the group,
 SIGTERM after the grace period, SIGKILL last; processes the command leaves behind in its group get the
-same treatment, so nothing outlives `watch` in that group.
+same treatment, so nothing outlives `watch` in that group. A command `watch` stopped leaves no torch
+extension build lock of its own behind, as a probe or demo job stopped by lossguard does
+(`preflight.release_build_locks`): stopped inside torch's JIT-load window, a DeepSpeed op's `lock` would
+make every later job that loads the op wait on it forever.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from lossguard.probe.preflight import release_build_locks
 from lossguard.procs import JOB_ENV, job_members, new_token
 from lossguard.watch.analyzer import Alert, LiveAnalyzer
 from lossguard.watch.banner import render_banner
@@ -73,6 +77,7 @@ class Watcher:
     def run(self) -> WatchOutcome:
         """Raises FileNotFoundError / PermissionError when the command cannot be started."""
         self._t0 = time.monotonic()
+        self._start_wall = time.time()  # the build locks a stop may release are the ones made since
         # Signal handlers go in before the spawn: a Ctrl-C in between is queued and forwarded, never lost
         # with the job left running. The log is opened first: a bad path must not leave a job running.
         self._wake_r, self._wake_w = socket.socketpair()
@@ -110,6 +115,7 @@ class Watcher:
         env = dict(os.environ if self.config.env is None else self.config.env)
         # The token marks every process of the command, torchrun's ranks too (sessions of their own).
         self._token = env[JOB_ENV] = new_token()
+        self._env = env
         if self.config.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
             # rich (Lightning's default progress bar) draws nothing into a pipe until the bar ends, maybe
@@ -368,6 +374,9 @@ class Watcher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 outcome.returncode = self._proc.wait(timeout=1.0)
         outcome.wall_s = time.monotonic() - self._t0
+        if outcome.signals and not outcome.leftovers and not self._members():  # stopped by us, all gone
+            with contextlib.suppress(Exception):
+                release_build_locks(self._env, self._start_wall)
         outcome.ended_mid_line = self._mid_line
         if self.analyzer is not None:
             outcome.num_lines = self.analyzer.num_lines

@@ -23,7 +23,7 @@ def test_codes_and_names_unique_and_well_formed():
     assert len(set(codes)) == len(codes)
     assert len(set(names)) == len(names)
     for rule in all_rules():
-        assert re.fullmatch(r"(DSC|HFA|ENV)\d{3}", rule.code)
+        assert re.fullmatch(r"(DSC|HFA|ENV|FSD)\d{3}", rule.code)
         assert re.fullmatch(r"[a-z0-9]+(\.[a-z0-9-]+)+", rule.name)
         assert isinstance(rule.severity, Severity)
 

@@ -17,6 +17,7 @@ from lossguard.lint.rules.config import (
     RouteUnread,
     WarmupExceedsRun,
 )
+from lossguard.lint.rules.fsdp import FsdpCheckpointingTwice, FsdpPeftFlatParams
 from lossguard.lint.rules.hazards import (
     ClippingDropped,
     OneBitWithZero,
@@ -55,6 +56,7 @@ RULES: tuple[type[Rule], ...] = tuple(sorted((
     NanInfFilter, PeftReentrantCheckpointing,
     ClippingDropped, SchedulerReplaced, OneBitWithZero, Zero3NoHfSave, RemovedFeature,
     TorchCudnnSdpa, TransformersGaLossBug, DeepSpeedBf16Unclipped, DeepSpeedZero3StreamRace,
+    FsdpCheckpointingTwice, FsdpPeftFlatParams,
 ), key=lambda r: r.code))
 
 

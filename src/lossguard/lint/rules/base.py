@@ -69,6 +69,8 @@ class Rule:
     # The code of a finding with the same root cause whose fix also removes this one: when both fire, this one
     # is told inside it (one finding per cause), and its own fix waits for the next round.
     root_cause: ClassVar[str | None] = None
+    # The engines whose runs the rule reads: DeepSpeed config rules say nothing about an FSDP run.
+    engines: ClassVar[tuple[str, ...]] = ("deepspeed",)
 
     @classmethod
     def doc(cls) -> str:

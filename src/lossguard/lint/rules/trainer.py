@@ -22,6 +22,7 @@ class NanInfFilter(Rule):
     which records the raw loss.
     """
 
+    engines = ("deepspeed", "fsdp")  # not tied to the engine
     code = "HFA201"
     name = "trainer.nan-inf-filter"
     severity = Severity.INFO
@@ -79,6 +80,7 @@ class PeftReentrantCheckpointing(Rule):
     `model.enable_input_require_grads()` (LLaMA-Factory, axolotl, LLaVA and GLM-4 scripts do).
     """
 
+    engines = ("deepspeed", "fsdp")  # not tied to the engine
     code = "HFA202"
     name = "peft.reentrant-checkpointing"
     severity = Severity.WARNING

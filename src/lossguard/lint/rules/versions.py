@@ -23,6 +23,7 @@ class TorchCudnnSdpa(Rule):
     """
 
     issues = (kt.ATTENTION_KERNEL_NAN.id,)
+    engines = ("deepspeed", "fsdp")  # not tied to the engine
     code = "ENV301"
     name = "torch.cudnn-sdpa"
     severity = Severity.WARNING
@@ -64,6 +65,7 @@ class TransformersGaLossBug(Rule):
     """
 
     issues = (kt.GA_LOSS_SCALE.id,)
+    engines = ("deepspeed", "fsdp")  # not tied to the engine
     code = "ENV302"
     name = "transformers.ga-loss-bug"
     severity = Severity.WARNING

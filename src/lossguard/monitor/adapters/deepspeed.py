@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lossguard.monitor import quarantine, replay, restorable, sizing, snapshots, tensors
-from lossguard.monitor.adapters import ds_hold, ds_replay, ds_snapshots
+from lossguard.monitor.adapters import ds_hold, ds_norm, ds_replay, ds_snapshots
 from lossguard.monitor.core import Monitor
 from lossguard.monitor.guard import LossguardHalt, exit_after_halt
 from lossguard.monitor.options import GuardOptions, OptionError
@@ -77,8 +77,9 @@ class EngineGate:
     a held step takes DeepSpeed's own overflow path on every rank (ds_hold.py); a committed one is stepped
     and its post-step signals (grad norm, skips, loss scale, which exist only after the step) are kept for
     the next exchange (monitor/deferred.py). A halt (the budget spent, or a finding on the step before)
-    comes before this step is applied: the step is held, and the caller halts. Gradients that turn
-    non-finite while the loss is finite are not seen before the step: DeepSpeed skips such a step itself
+    comes before this step is applied: the step is held, and the caller halts. Each rank's partition norm,
+    read before the step, judges a loss jump's update (ds_norm.py). Gradients that turn non-finite while
+    the loss is finite are left to DeepSpeed, which skips such a step itself
     (ZeRO-1/2 `check_grad_overflow`, ZeRO-3 and the bf16 optimizer on an invalid norm, fp16's scaler), and
     the guard reports it as a skipped step with the next exchange."""
 
@@ -92,11 +93,15 @@ class EngineGate:
         self.replay_from = replay_from
         monitor.lag = 1  # fingerprints and update ratios are read before the step
         monitor.deferred = True
+        # the norm sent before the step is this rank's partition's (ds_norm.py): a non-finite one beside a
+        # finite loss is DeepSpeed's own overflow check's to skip (fp16 lowers its scale), as before
+        monitor.gate.engine_overflow = True
         why = ds_snapshots.supported(engine)
         if why is not None and monitor.gate.options.snapshot_every:  # asked for: refused here, at the start
             raise OptionError(f"lossguard: recover.snapshot_every needs an optimizer whose state lossguard knows; "
                               f"this engine's is {why}. Set snapshot_every=0 (the gate still holds faulty steps)")
         self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
+        self._jump_at: int | None = None  # the last step held for a loss jump that came back on its replay
         self.shard, self.optimizer_state = ds_snapshots.ShardState(engine), ds_snapshots.OptimizerState(engine)
         self.given = scheduler or (lambda: engine.lr_scheduler)
         self.found: Any = None  # the LR schedulers bound to the optimizer, when none was given (restorable.py)
@@ -135,7 +140,9 @@ class EngineGate:
         if capture is not None and capture.emptied:  # told to every rank in the step's exchange
             self.monitor.emptied = True
         try:
-            halt = self.monitor.end_step(step, lrs=_engine_lrs(self.engine), gating=True)
+            # the norm of this rank's gradients before the step: a loss jump with an ordinary update is data,
+            # committed (ds_norm.py); the record keeps the engine's own norm, read after the step
+            halt = self.monitor.end_step(step, grad_norm=self._norm(), lrs=_engine_lrs(self.engine), gating=True)
             hold = self.monitor.held
             if hold is not None and hold.skip:  # a batch left empty by the quarantine: skipped on every rank
                 ds_hold.hold(self.engine, lambda: run_step(*args, **kwargs))
@@ -158,6 +165,13 @@ class EngineGate:
         finally:
             if capture is not None:
                 capture.reset()
+
+    def _norm(self) -> Any:
+        try:  # a device op; never raised into the user's step
+            return ds_norm.pre_step_norm(self.engine)
+        except Exception as exc:
+            self.monitor._fail(exc, "pre-step grad norm", raise_ok=False)
+            return None
 
     def _rolled_back(self, hold: Any, step: int, replaying: bool) -> str:
         """Snapshots on and the step held: "rolled" (every rank restored the same snapshot), "halt" (non-
@@ -199,9 +213,13 @@ class EngineGate:
             if replayer.dirty:
                 ds_hold.hold(self.engine, run, counted=False)
             ok = False
-        if replayer.outcome == "jump" and self.ring is not None and snapshots.rollback(  # the state's fault
+        # A jump that comes back on its own batch's replay is that batch's (held), unless the step before
+        # jumped too on another batch: then the weights are at fault, roll back (as Guard.commit does).
+        jumped_before = self._jump_at == hold.step - 1
+        self._jump_at = hold.step if replayer.outcome == "jump" else None
+        if replayer.outcome == "jump" and self.ring is not None and (not jumped_before or snapshots.rollback(
                 self.monitor, self.ring, hold, hold.step - 1, self.shard, self.optimizer_state, self.scheduler(),
-                jump=True) == "none":
+                jump=True) == "none"):
             replayer.record_jump()
         if not ok:
             ds_hold.count_skipped(self.engine)

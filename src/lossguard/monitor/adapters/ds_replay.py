@@ -17,6 +17,7 @@ forwards on every rank (`symmetric_scan`).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from lossguard.monitor import quarantine, replay, tensors
-from lossguard.monitor.adapters import ds_hold
+from lossguard.monitor.adapters import ds_hold, ds_norm
 from lossguard.monitor.adapters.instance import shadow
 from lossguard.monitor.quarantine import Quarantine
 
@@ -147,6 +148,14 @@ class DeepSpeedOps(replay.Ops):
         # Reduced into ZeRO partitions and read inside the step: DeepSpeed's own overflow check skips a
         # step whose gradients are non-finite (and the guard reports the skip). The loss decides here.
         return True
+
+    def norm(self) -> float | None:
+        """The replay's gradient norm as the gate measured the first attempt's (ds_norm.py), so that a held
+        jump whose replayed update is ordinary is committed; None when not found or non-finite (DeepSpeed's
+        own overflow check has those). SYNC POINT: fault path only."""
+        norm = ds_norm.pre_step_norm(self.engine)
+        value = None if norm is None else float(norm)
+        return value if value is not None and math.isfinite(value) else None
 
 
 def forward_of(engine: Any, capture: Capture) -> Callable[[dict[str, Any]], torch.Tensor]:
