@@ -4,7 +4,10 @@ FSDP2 (`fully_shard`, DTensor parameters) and FSDP1 (`FullyShardedDataParallel`,
 FSDP's own gradient norm; an injected NaN (in one rank's loss, or in one element of one rank's gradient
 shard) is caught at that step on every rank; every rank makes the same collectives (the job runs with
 TORCH_DISTRIBUTED_DEBUG=DETAIL, which fails it at the first collective that differs), and the guard adds
-only its one exchange a step; `lossguard analyze` reads the events back with the sharding engine."""
+only its one exchange a step; `lossguard analyze` reads the events back with the sharding engine. The Lightning
+callback is run under `ModelParallelStrategy` (FSDP2). Not run here, and why: Lightning's `FSDPStrategy` (FSDP1)
+refuses a CPU accelerator, and the HF Trainer's `fsdp` does not shard on CPU (accelerate runs it as MULTI_CPU
+data parallelism), so `LossguardCallback` on FSDP needs a machine with GPUs."""
 
 from __future__ import annotations
 
