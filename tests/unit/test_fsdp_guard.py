@@ -116,3 +116,27 @@ def test_a_summary_only_step_writes_the_runs_norm_into_each_sharded_ranks_own_re
     lines = [json.loads(line) for line in (tmp_path / "events-rank0.jsonl").read_text().splitlines()]
     own = [line for line in lines if line.get("kind") == "train" and line["rank"] == 0]
     assert own[0]["signals"]["grad_norm"] == 4.0
+
+
+def test_under_hsdp_each_shard_counts_once_in_the_summed_norm():
+    """A DTensor's share of the summed squared norm: 1 when sharded over the whole mesh (FSDP2), 1/R when R
+    replica groups hold the same shard (HSDP's (Replicate, Shard) placements), none when fully replicated.
+    Real placement classes; the mesh, which needs a process group, stands in by its sizes."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from lossguard.monitor import sharding
+
+    class Mesh:
+        def __init__(self, *sizes):
+            self.sizes = sizes
+
+        def size(self, dim):
+            return self.sizes[dim]
+
+    class Param:
+        def __init__(self, placements, mesh):
+            self.placements, self.device_mesh = placements, mesh
+
+    assert sharding._dtensor_share(Param((Shard(0),), Mesh(8))) == 1.0
+    assert sharding._dtensor_share(Param((Replicate(), Shard(0)), Mesh(2, 4))) == 0.5
+    assert sharding._dtensor_share(Param((Replicate(),), Mesh(8))) is None
