@@ -80,8 +80,9 @@ def test_the_measured_size_before_the_first_step_is_the_snapshots_real_size_afte
 
 
 def test_a_rollbacks_peak_host_memory_is_what_restore_bytes_says():
-    """Measured in a fresh process (its peak RSS): restoring a snapshot of a 4M-parameter Adam run allocates
-    the fresh copy of the optimizer state (32 MiB) and nothing of the weights' size on top."""
+    """Measured in a fresh process (its peak RSS): restoring a snapshot of a 4M-parameter Adam run allocates at
+    most the fresh copy of the optimizer state (32 MiB) that `restore_bytes` predicts, nothing of the weights'
+    size on top."""
     code = textwrap.dedent("""
         import json, resource, torch
         from lossguard.monitor import sizing
@@ -101,7 +102,9 @@ def test_a_rollbacks_peak_host_memory_is_what_restore_bytes_says():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     numbers = json.loads(out.stdout.strip().splitlines()[-1])
     assert numbers["expected"] == 2 * 4 * 2048 * 2048 + 4  # two fp32 moments and the step count
-    assert 0.75 * numbers["expected"] <= numbers["peak"] <= 1.25 * numbers["expected"], numbers
+    # An upper bound only: the allocator may hand the restore memory freed earlier in the process, so the peak
+    # can grow by less than what the restore allocates (0 on a loaded machine), never by more.
+    assert numbers["peak"] <= 1.25 * numbers["expected"], numbers
 
 
 def _run(guard, model, optimizer, scheduler, steps, nan_after=None):

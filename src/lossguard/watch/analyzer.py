@@ -49,6 +49,7 @@ class LiveAnalyzer:
         self._announced: set[tuple[str, str | None]] = set()
         self._worst = 0
         self.cut_lines = 0  # lines longer than cap_bytes, read by their last part (the report says so)
+        self._waiting: tuple | None = None  # a halt waiting for its finding to settle (`_only_settling`)
 
     def feed(self, body: bytes, *, complete: bool = True, in_progress: bool = False) -> list[Alert]:
         """Whole lines (`body` ends with a newline unless `complete` is False: the last, unterminated one),
@@ -76,6 +77,8 @@ class LiveAnalyzer:
 
         # The chunk's records in one go: the batch path (analyze's speed), alerts placed at their line.
         self.engine.feed_all(records, on_findings)
+        if self._waiting is not None:
+            alerts.extend(self._settled(base + body.count(b"\n")))
         if not in_progress:
             self.num_lines = base + body.count(b"\n") + (0 if complete or body.endswith(b"\n") else 1)
         return alerts
@@ -98,4 +101,30 @@ class LiveAnalyzer:
         self._announced.add(key)
         self._worst = max(self._worst, rank)
         halt = self.halt_on is not None and rank >= VERDICT_RANK[self.halt_on]
+        if halt and self._waiting is None and (waiting := self._only_settling(diagnosis)) is not None:
+            # A finding a later column may still refute (a divergence that is harder data): the banner now,
+            # the halt once its logs have had their say (`Detector.settle_logs`, as the live guard does).
+            self._waiting = (*waiting, self.engine.stats.num_train, step)
+            halt = False
         return Alert(diagnosis, line_no, step, halt)
+
+    def _only_settling(self, diagnosis: Diagnosis) -> tuple | None:
+        """(the finding, its detector) when the verdict rests on one finding whose detector waits for the
+        logs after it before a halt (`settle_logs`); None when anything else calls the run broken."""
+        bad = [f for f in diagnosis.findings if f.severity >= Severity.ERROR]
+        detectors = {d.code: d for d in self.engine.detectors}
+        if len(bad) != 1 or getattr(detectors.get(bad[0].code), "settle_logs", 0) <= 0:
+            return None
+        return bad[0], detectors[bad[0].code]
+
+    def _settled(self, line_no: int) -> list[Alert]:
+        """The waiting halt once its detector's logs have passed: an alert that halts, or (the logs refuted
+        the finding) none, the finding demoted with the reason as `analyze` does."""
+        finding, detector, logs_then, step = self._waiting
+        if self.engine.stats.num_train - logs_then < detector.settle_logs:
+            return []
+        self._waiting = None
+        if detector.contradiction() is not None:
+            detector.review()
+            return []
+        return [Alert(self.snapshot(), line_no, self.parser.last_step, True)]
