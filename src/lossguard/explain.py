@@ -137,7 +137,8 @@ fsdp: the live guard on PyTorch FSDP (FSDP1 `FullyShardedDataParallel`, flat par
 or false; FSDP2 `fully_shard`, DTensor parameters). Each rank reads its own shard, with no collective of its
 own: the gradient norm is FSDP's (each rank sends its shard's squared norm in the one per-step exchange it
 already makes, and every rank takes the square root of their sum), the update ratio is the shard's, and no
-weight fingerprint is compared (shards are no replicas, as under ZeRO-3). The run facts name the engine
+weight fingerprint is compared (shards are no replicas, as under ZeRO-3); parameters no rank got a gradient
+for at the first step are one `no-grad` event of the run (GRAD004). The run facts name the engine
 (`sharding_engine` fsdp1 / fsdp2; FSDP1's `fsdp_sharding_strategy`; its version is torch's): the diagnosis
 then ranks the causes that need DeepSpeed ZeRO `unlikely` (fact `fsdp-shown`, which they predict never).
 With `recover=True` a faulty step is held on every rank before it is applied; host snapshots (and so

@@ -22,7 +22,8 @@ from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  
 
 ENGINES = ["fsdp2", "fsdp1", "fsdp1orig"]
 SCENARIOS = [f"{engine}-{arm}" for engine in ENGINES for arm in ("plain", "guard")] + \
-    ["fsdp2-nan", "fsdp2-gradnan", "fsdp2-holdnan", "fsdp2-recover", "fsdp1-nan", "fsdp1orig-gradnan"]
+    ["fsdp2-nan", "fsdp2-gradnan", "fsdp2-holdnan", "fsdp2-recover", "fsdp2-unused", "fsdp1-nan",
+     "fsdp1orig-gradnan"]
 STEPS, NAN_STEP = 8, 3  # fsdp_job.py
 
 
@@ -83,6 +84,18 @@ def test_recover_holds_the_nan_step_on_every_rank_and_trains_on(job):
     assert "snapshots off: the model's parameters are FSDP shards" in log
     for healthy, plain in zip(ranks["fsdp2-recover"], ranks["fsdp2-plain"], strict=True):
         assert all(healthy["commits"]) and healthy["losses"] == plain["losses"]
+
+
+def test_a_trainable_layer_no_rank_gets_a_gradient_for_is_named_at_the_first_step(job):
+    """FSDP2 sets each shard's gradient after its reduce-scatter (no autograd hook sees it): at the first
+    step every rank says which shards it holds a non-zero gradient of, in the first step's gather, and the
+    shards none has are named once for the run (GRAD004, rank None); every rank halts there together."""
+    out, ranks, _ = job
+    summary = json.loads((out / "fsdp2-unused" / "summary.json").read_text())
+    found = [f for f in summary["findings"] if f["code"] == "GRAD004"]
+    assert len(found) == 1 and found[0]["step"] == 1 and found[0]["rank"] is None
+    assert sorted(found[0]["data"]["params"]) == ["spare.bias", "spare.weight"]
+    assert [r["halted_at"] for r in ranks["fsdp2-unused"]] == [1, 1]
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -297,8 +297,9 @@ class ParametersWithoutGradient(_OneEvent):
         total = record.data.get("num_trainable", record.data.get("total"))
         every = total is not None and count >= total
         return self.emit(
-            f"{count} trainable parameter tensors got no gradient at step {record.step} on rank "
-            f"{record.rank} ({_names(record.data)})", record.step, record.rank,
+            f"{count} trainable parameter tensors got no gradient at step {record.step} "
+            f"{'on any rank' if record.rank is None else f'on rank {record.rank}'} ({_names(record.data)})",
+            record.step, record.rank,
             severity=Severity.CRITICAL if every else Severity.ERROR, params=record.data.get("params", []))
 
 

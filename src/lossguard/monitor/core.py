@@ -73,7 +73,7 @@ class Monitor:
         self._micro: list[tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]] = []
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self._trainable = trainable
-        self.sharded = sharding.Split(model, [p for _, p in trainable], self.world_size)  # FSDP shards, the rest
+        self.sharded = sharding.Split(model, trainable, self.world_size)  # FSDP shards, the rest
         self.groups, assign = tensors.assign_groups(trainable, options.module_groups)
         self.updates = tensors.UpdateSampler(trainable, self.groups, assign, options.update_sample_size)
         # FSDP sets a shard's gradient after its reduce-scatter, not through autograd: no hook would fire there
@@ -143,8 +143,9 @@ class Monitor:
             # SYNC POINT (first step only): the parameter-name lists of every rank, and with recovery each
             # rank's snapshot measurements (monitor/sizing.py), which every rank decides snapshots from alike.
             mine = self.planner.local() if self.planner is not None else None
-            gathered = dist.gather_objects((events, mine))
-            gathered_events = [pair[0] for pair in gathered]
+            gathered = dist.gather_objects((events, mine, first_step.shard_grads(self.sharded)))
+            gathered_events = [pair[0] for pair in gathered]  # + the shards no rank got a gradient for (FSDP):
+            gathered_events.append(first_step.no_grad_shards(self.sharded, [t[2] for t in gathered], len(self._trainable)))
             if self.planner is not None:
                 try:
                     self.planner.decided([pair[1] for pair in gathered])

@@ -28,11 +28,12 @@ class Split:
     """A model's trainable parameters split into FSDP shards (with their shares) and the rest, and the
     gradient-norm slots of a step's row from them."""
 
-    def __init__(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter], world_size: int) -> None:
-        shares = weights(model, trainable, world_size)
-        self.sharded = [(p, shares[id(p)]) for p in trainable if id(p) in shares]
+    def __init__(self, model: torch.nn.Module, trainable: list[tuple[str, torch.nn.Parameter]], world_size: int) -> None:
+        shares = weights(model, [p for _, p in trainable], world_size)
+        self.sharded = [(p, shares[id(p)]) for _, p in trainable if id(p) in shares]
+        self.names = [n for n, p in trainable if id(p) in shares]
         self.ids = frozenset(shares)
-        self.replicated = [p for p in trainable if id(p) not in shares]
+        self.replicated = [p for _, p in trainable if id(p) not in shares]
 
     def __bool__(self) -> bool:
         return bool(self.sharded)

@@ -7,7 +7,8 @@ Scenario names: ENGINE-ARM. ENGINE: `fsdp2` (`fully_shard` on each layer and the
 original parameters as views of each rank's shard). ARM: `plain` (no lossguard), `guard` (Guard, `step` after
 the optimizer step, halt_on="error"), `recover` (Guard(recover=True), `commit` before the step), `nan` (as
 `guard`, rank 1's loss is NaN at NAN_STEP), `gradnan` (as `guard`, one element of rank 1's own gradient shard
-is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP).
+is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP), `unused` (as `guard`, with a
+trainable layer the forward never uses: no rank gets a gradient for its shards).
 `lightning-ARM`: the same model in Lightning's `ModelParallelStrategy` (FSDP2 through `configure_model`; its
 `FSDPStrategy`, FSDP1, refuses a CPU accelerator), ARM `plain`, `guard` (LossguardLightningCallback,
 halt_on="error") or `nan` (as `guard`, rank 1's loss NaN at NAN_STEP). Every arm clips at a bound no norm reaches (a no-op) to
@@ -31,9 +32,12 @@ import tiny  # noqa: E402
 STEPS, NAN_STEP, NO_CLIP = 8, 3, 1e9
 
 
-def build(engine: str) -> torch.nn.Module:
+def build(engine: str, spare: bool = False) -> torch.nn.Module:
+    """The net, sharded; `spare`: with a trainable layer the forward never uses (no gradient reaches it)."""
     torch.manual_seed(0)
     net = recover_job.Net()
+    if spare:
+        net.spare = torch.nn.Linear(16, 16)
     if engine == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -135,7 +139,7 @@ def run(out_dir: str, name: str) -> None:
     rank = dist.get_rank()
     work = os.path.join(out_dir, name)
     os.makedirs(work, exist_ok=True)
-    model = build(engine)
+    model = build(engine, spare=arm == "unused")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     before = tiny.count_collectives()
     gated = arm in ("recover", "holdnan")
