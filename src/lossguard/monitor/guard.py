@@ -62,8 +62,18 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import dist, quarantine, replay, restorable, sizing, snapshots, tensors
+from lossguard.monitor import (
+    dist,
+    quarantine,
+    replay,
+    restorable,
+    shard_snapshots,
+    sizing,
+    snapshots,
+    tensors,
+)
 from lossguard.monitor.core import Monitor
+from lossguard.monitor.dtensor import is_dtensor
 from lossguard.monitor.options import GuardOptions
 from lossguard.monitor.sinks import say
 
@@ -113,11 +123,14 @@ class Guard:
         self.ring: snapshots.Ring | None = None  # made at the first step when snapshots are on (`_plan`)
         self._jump_at: int | None = None  # the last step held for a loss jump that came back on its replay
         if options.recovery is not None:
-            # FSDP's DTensor and flat shards are not snapshotted yet: the gate still holds a faulty step
-            why_not = "the model's parameters are FSDP shards, which snapshots do not hold yet (a faulty step " \
-                "is still held before it is applied)" if self.monitor.sharded else None
+            # FSDP2's DTensor shards are snapshotted (each rank its own); FSDP1's flat shards not yet: the gate
+            # still holds a faulty step
+            flat = any(not is_dtensor(p) for p, _ in self.monitor.sharded.sharded)
+            why_not = "the model's parameters are FSDP1 flat shards, which snapshots do not hold yet (FSDP2's " \
+                "DTensor shards they do; a faulty step is still held before it is applied)" if flat else None
             self.monitor.planner = sizing.Planner(
-                self.monitor, lambda: (snapshots.Trainable(self.model), self.optimizer), self._plan, why_not)
+                self.monitor, lambda: (snapshots.Trainable(self.model), self._held(self.optimizer)), self._plan,
+                why_not)
 
     def _plan(self, every: int) -> str:
         """Snapshots every `every` steps (0: off), the same on every rank (monitor/sizing.py); what a rollback
@@ -220,8 +233,9 @@ class Guard:
                 (hold.step if replayer.outcome == "jump" else None)
             if replayer.outcome == "jump" and self.ring is not None:  # the replayer left the record to us
                 outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
-                                             snapshots.Trainable(model or self.model), optimizer or self.optimizer,
-                                             self.scheduler, jump=True, scaler=restorable.scaler_state(self.scaler)) \
+                                             snapshots.Trainable(model or self.model),
+                                             self._held(optimizer or self.optimizer), self.scheduler, jump=True,
+                                             scaler=restorable.scaler_state(self.scaler)) \
                     if jumped_before else "none"
                 if outcome == "none":
                     replayer.record_jump()
@@ -255,6 +269,12 @@ class Guard:
         """Batches handed out before the current step's (one per step when the loop does not use `batches`)."""
         return (self.handed or self.num_steps) - 1
 
+    def _held(self, optimizer: Any) -> Any:
+        """The optimizer as the ring holds it: over FSDP2 parameters, its state's local shards."""
+        if self.monitor.sharded and shard_snapshots.holds(optimizer, self.model):
+            return shard_snapshots.OptimizerShards(optimizer)
+        return optimizer
+
     def _snapshot(self, model: Any, optimizer: Any) -> None:
         """The state before this committed step is applied, every S steps (the step number decides: every
         rank takes it at the same step, no collective). A failure here is this rank's: `decide` only rolls
@@ -262,7 +282,8 @@ class Guard:
         if self.ring is None or self.monitor.disabled or not self.ring.due(self.num_steps):
             return
         try:
-            self.ring.take(self.num_steps, self._position(), snapshots.Trainable(model), optimizer, self.scheduler,
+            self.ring.take(self.num_steps, self._position(), snapshots.Trainable(model), self._held(optimizer),
+                           self.scheduler,
                            restorable.scaler_state(self.scaler))
         except Exception as exc:
             self.monitor._fail(exc, "snapshot")
@@ -271,12 +292,13 @@ class Guard:
         """Snapshots on and the step held: roll back when some rank's weights are non-finite (every rank
         together), halt when there is nothing to go back to; else the gate's own path, its record written."""
         outcome = snapshots.rollback(self.monitor, self.ring, hold, self._position() + 1,
-                                     snapshots.Trainable(model), optimizer, self.scheduler,
+                                     snapshots.Trainable(model), self._held(optimizer), self.scheduler,
                                      scaler=restorable.scaler_state(self.scaler))
         if outcome == "halt":
             self.monitor.halted_at = hold.step
             raise LossguardHalt(hold.step)
         if outcome == "rolled":
+            self._drop(model)  # FSDP2: the ring saw the local shards, the gradients sit on the DTensors
             return True
         if not replaying:  # the held step's record, which `Monitor._hold` left to this check
             self.monitor.gate.replay = False

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from lossguard.monitor import snapshots
+from lossguard.monitor.dtensor import local
 
 # Ten steps bound what a rollback loses to ten steps' compute, and a copy every ten steps costs little.
 AUTO_EVERY = 10
@@ -44,7 +45,7 @@ def snapshot_bytes(model: Any, optimizer: Any) -> int:
     """The host bytes of one snapshot of `model` (Trainable / ShardState) and `optimizer`."""
     size = snapshots.nbytes(model.state_dict())
     if optimizer is not None:
-        size += snapshots.nbytes(optimizer.state_dict()) + _lazy_bytes(optimizer)
+        size += snapshots.nbytes(optimizer.state_dict()) + lazy_bytes(optimizer)
     return size
 
 
@@ -53,11 +54,12 @@ def restore_bytes(optimizer: Any) -> int:
     saved state `Ring.restore` hands `load_state_dict` (none for one that copies back in place)."""
     if optimizer is None or getattr(optimizer, "copies_in_place", False):
         return 0
-    return snapshots.nbytes(optimizer.state_dict()) + _lazy_bytes(optimizer)
+    return snapshots.nbytes(optimizer.state_dict()) + lazy_bytes(optimizer)
 
 
-def _lazy_bytes(optimizer: Any) -> int:
-    """The state a torch optimizer will make at its first step for the parameters it holds none for yet."""
+def lazy_bytes(optimizer: Any) -> int:
+    """The state a torch optimizer will make at its first step for the parameters it holds none for yet (of
+    an FSDP2 parameter, for this rank's shard)."""
     lazy = getattr(optimizer, "lazy_bytes", None)
     if lazy is not None:
         return lazy()
@@ -68,7 +70,7 @@ def _lazy_bytes(optimizer: Any) -> int:
         name = type(optimizer).__name__
         copies = 0 if name == "SGD" and not group.get("momentum") else _COPIES.get(name, 2)
         copies += int(bool(group.get("momentum"))) + int(bool(group.get("centered"))) if name == "RMSprop" else 0
-        size += sum(copies * p.numel() * p.element_size() for p in group["params"]
+        size += sum(copies * local(p).numel() * p.element_size() for p in group["params"]
                     if p.requires_grad and p not in optimizer.state)
     return size
 

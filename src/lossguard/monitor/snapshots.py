@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lossguard.monitor import dist, replay, restorable
+from lossguard.monitor import dist, dtensor, replay, restorable
 from lossguard.monitor.recover import DRIFT
 
 
@@ -130,25 +130,36 @@ def _finite(state: dict[str, Any]) -> bool:
 class Trainable:
     """What `Guard`'s snapshot holds of a model: its trained parameters and its buffers (running statistics).
     Frozen weights never change, so the snapshot of a LoRA fine-tune holds the adapters, not the base model.
-    The ring reads and restores it as it would a model."""
+    The ring reads and restores it as it would a model. An FSDP2 parameter (a DTensor) is held as this rank's
+    local shard (`to_local()`, no collective) and restored by copying into that shard in place."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def _live(self) -> dict[str, torch.Tensor]:
         state = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         state.update(self.model.named_buffers())
         return state
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: dtensor.local(t.detach()) if dtensor.is_dtensor(t) else t for n, t in self._live().items()}
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state, strict=False)  # copied in place: the parameters keep their identity
+        live = self._live()
+        if not any(dtensor.is_dtensor(t) for t in live.values()):
+            self.model.load_state_dict(state, strict=False)  # copied in place: the parameters keep their identity
+            return
+        with torch.no_grad():  # FSDP2: each rank writes its own shards, no collective
+            for name, tensor in live.items():
+                if name in state:
+                    dtensor.local(tensor.detach()).copy_(state[name])
 
     def parameters(self) -> list[torch.Tensor]:
         return [t for t in self.state_dict().values() if t.is_floating_point()]
 
     def replicated(self) -> list[str]:
-        """Every key: under data parallelism each replica holds the whole model."""
-        return list(self.state_dict())
+        """Every key but FSDP2's shards: under data parallelism each replica holds the whole model."""
+        return [n for n, t in self._live().items() if not dtensor.is_dtensor(t)]
 
 
 @dataclass

@@ -5,15 +5,19 @@
 Scenario names: ENGINE-ARM. ENGINE: `fsdp2` (`fully_shard` on each layer and the root: DTensor parameters),
 `fsdp1` (`FullyShardedDataParallel`, flat parameters), `fsdp1orig` (the same with `use_orig_params=True`: the
 original parameters as views of each rank's shard). ARM: `plain` (no lossguard), `guard` (Guard, `step` after
-the optimizer step, halt_on="error"), `recover` (Guard(recover=True), `commit` before the step), `nan` (as
+the optimizer step, halt_on="error"), `recover` (Guard(recover=RecoverOptions(snapshot_every=SNAPSHOT_EVERY)), `commit`
+before the step), `nan` (as
 `guard`, rank 1's loss is NaN at NAN_STEP), `gradnan` (as `guard`, one element of rank 1's own gradient shard
-is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP), `unused` (as `guard`, with a
+is NaN at NAN_STEP: the loss stays finite everywhere), `holdnan` (as `recover`, rank 1's loss is NaN at NAN_STEP), `rollnan` (as `recover`, NaN written into
+one element of rank 1's local shard of the head's weight after step ROLL_STEP was applied: the weights are bad
+before the next step's forward), `unused` (as `guard`, with a
 trainable layer the forward never uses: no rank gets a gradient for its shards).
 `lightning-ARM`: the same model in Lightning's `ModelParallelStrategy` (FSDP2 through `configure_model`; its
 `FSDPStrategy`, FSDP1, refuses a CPU accelerator), ARM `plain`, `guard` (LossguardLightningCallback,
 halt_on="error") or `nan` (as `guard`, rank 1's loss NaN at NAN_STEP). Every arm clips at a bound no norm reaches (a no-op) to
 record the norm FSDP itself computes. Every rank writes OUT_DIR/SCENARIO/rank{r}.json (losses, FSDP's norms,
-the halt, the collectives it made); rank 0 writes summary.json (its findings).
+the halt, the collectives it made; gated arms: the local shards of the weights and of Adam's state
+before each committed step is applied, after each held one, and at the end); rank 0 writes summary.json (its findings).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import recover_job  # noqa: E402
 import tiny  # noqa: E402
 
 STEPS, NAN_STEP, NO_CLIP = 8, 3, 1e9
+ROLL_STEP, SNAPSHOT_EVERY = 4, 2
 
 
 def build(engine: str, spare: bool = False) -> torch.nn.Module:
@@ -67,6 +72,25 @@ def poison_grad(model: torch.nn.Module) -> None:
         if grad.numel():
             grad.view(-1)[0] = float("nan")
             return
+
+
+def poison_weight(model: torch.nn.Module) -> None:
+    """NaN in one element of this rank's local shard of the head's weight, in place: every logit reads it."""
+    weight = model.head.weight
+    with torch.no_grad():
+        (weight.to_local() if hasattr(weight, "to_local") else weight).view(-1)[0] = float("nan")
+
+
+def shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This rank's local shards of the weights and of the optimizer's state tensors, as exact lists."""
+    def mine(tensor: torch.Tensor) -> list:
+        return (tensor.to_local() if hasattr(tensor, "to_local") else tensor).detach().reshape(-1).tolist()
+
+    out = {name: mine(p) for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        for key, value in optimizer.state.get(p, {}).items():
+            out[f"{name}.{key}"] = mine(value) if isinstance(value, torch.Tensor) else value
+    return out
 
 
 def run_lightning(work: str, arm: str) -> dict:
@@ -142,11 +166,12 @@ def run(out_dir: str, name: str) -> None:
     model = build(engine, spare=arm == "unused")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     before = tiny.count_collectives()
-    gated = arm in ("recover", "holdnan")
+    gated = arm in ("recover", "holdnan", "rollnan")
+    recover = lossguard.RecoverOptions(snapshot_every=SNAPSHOT_EVERY) if gated else None
     guard = None if arm == "plain" else lossguard.Guard(
         model, optimizer, events_dir=os.path.join(work, "events"), console=rank == 0, fingerprint_every=2,
-        recover=gated, **({} if gated else {"halt_on": "error"}))
-    out: dict = {"losses": [], "norms": [], "commits": [], "halted_at": None}
+        recover=recover if gated else False, **({} if gated else {"halt_on": "error"}))
+    out: dict = {"losses": [], "norms": [], "commits": [], "halted_at": None, "before": {}, "after_hold": {}}
     try:
         for step in range(1, STEPS + 1):
             batch = recover_job.batch_at(step, rank)
@@ -161,9 +186,15 @@ def run(out_dir: str, name: str) -> None:
             ok = guard.commit(loss=loss, labels=batch["labels"]) if gated else True
             out["commits"].append(ok)
             if ok:
+                if arm == "rollnan":  # the state a snapshot taken at this commit holds
+                    out["before"][step] = shards(model, optimizer)
                 optimizer.step()
+                if arm == "rollnan" and step == ROLL_STEP and rank == 1:
+                    poison_weight(model)
             else:  # what the guard did to the held gradients
                 out["grads_dropped"] = all(p.grad is None for p in model.parameters())
+                if arm == "rollnan":
+                    out["after_hold"][step] = shards(model, optimizer)
             if guard is not None and not gated:
                 guard.step(loss=loss, labels=batch["labels"])
             optimizer.zero_grad()
@@ -172,6 +203,8 @@ def run(out_dir: str, name: str) -> None:
     if guard is not None:
         guard.close()
     out["collectives"] = tiny.collectives_since(before)
+    if engine == "fsdp2" and arm in ("plain", "recover"):
+        out["final"] = shards(model, optimizer)
     if rank == 0:
         findings = [f.to_dict() for f in guard.monitor._emitted] if guard is not None else []
         with open(os.path.join(work, "summary.json"), "w") as fh:
