@@ -4,7 +4,9 @@ FSDP2 (`fully_shard`, DTensor parameters) and FSDP1 (`FullyShardedDataParallel`,
 FSDP's own gradient norm; an injected NaN (in one rank's loss, or in one element of one rank's gradient
 shard) is caught at that step on every rank; every rank makes the same collectives (the job runs with
 TORCH_DISTRIBUTED_DEBUG=DETAIL, which fails it at the first collective that differs), and the guard adds
-only its one exchange a step; `lossguard analyze` reads the events back with the sharding engine. The Lightning
+only its one exchange a step; with `recover`, FSDP2 runs snapshot each rank's own shards: a healthy run trains
+bit-equal to one without lossguard, and NaN weights on one rank's shard roll every rank back to the same
+snapshot, its shards restored bit-equal (FSDP1 says snapshots are off); `lossguard analyze` reads the events back with the sharding engine. The Lightning
 callback is run under `ModelParallelStrategy` (FSDP2). Not run here, and why: Lightning's `FSDPStrategy` (FSDP1)
 refuses a CPU accelerator, and the HF Trainer's `fsdp` does not shard on CPU (accelerate runs it as MULTI_CPU
 data parallelism), so `LossguardCallback` on FSDP needs a machine with GPUs."""
@@ -22,9 +24,9 @@ from tests.integration.live_helpers import analyze_json, rank_outputs, run_job  
 
 ENGINES = ["fsdp2", "fsdp1", "fsdp1orig"]
 SCENARIOS = [f"{engine}-{arm}" for engine in ENGINES for arm in ("plain", "guard")] + \
-    ["fsdp2-nan", "fsdp2-gradnan", "fsdp2-holdnan", "fsdp2-recover", "fsdp2-unused", "fsdp1-nan",
-     "fsdp1orig-gradnan"]
-STEPS, NAN_STEP = 8, 3  # fsdp_job.py
+    ["fsdp2-nan", "fsdp2-gradnan", "fsdp2-holdnan", "fsdp2-recover", "fsdp2-rollnan", "fsdp2-unused",
+     "fsdp1-nan", "fsdp1-recover", "fsdp1orig-gradnan"]
+STEPS, NAN_STEP, ROLL_STEP, SNAPSHOT_EVERY = 8, 3, 4, 2  # fsdp_job.py
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +83,45 @@ def test_recover_holds_the_nan_step_on_every_rank_and_trains_on(job):
         assert mine["commits"] == [step != NAN_STEP for step in range(1, STEPS + 1)]
         assert mine["grads_dropped"] and mine["halted_at"] is None
         assert all(math.isfinite(n) for step, n in enumerate(mine["norms"], 1) if step != NAN_STEP)
-    assert "snapshots off: the model's parameters are FSDP shards" in log
-    for healthy, plain in zip(ranks["fsdp2-recover"], ranks["fsdp2-plain"], strict=True):
-        assert all(healthy["commits"]) and healthy["losses"] == plain["losses"]
+    # FSDP2's shards are snapshotted; FSDP1's flat shards are not (said once), its faulty steps still held
+    assert f"snapshots every {SNAPSHOT_EVERY} steps (snapshot_every={SNAPSHOT_EVERY})" in log
+    assert "snapshots off: the model's parameters are FSDP1 flat shards" in log
+    for engine in ("fsdp2", "fsdp1"):
+        for healthy, plain in zip(ranks[f"{engine}-recover"], ranks[f"{engine}-plain"], strict=True):
+            assert all(healthy["commits"]) and healthy["losses"] == plain["losses"]
+
+
+def test_a_healthy_fsdp2_run_with_snapshots_trains_bit_equal_to_one_without_lossguard(job):
+    """Snapshots every SNAPSHOT_EVERY steps read each rank's shards and write nothing back: the same losses
+    and, at the end, the same local shards of the weights and of Adam's state, bit for bit, on every rank."""
+    out, ranks, _ = job
+    for rank, (healthy, plain) in enumerate(zip(ranks["fsdp2-recover"], ranks["fsdp2-plain"], strict=True)):
+        assert healthy["losses"] == plain["losses"] and healthy["final"] == plain["final"]
+        snaps = [line for line in _lines(out, "fsdp2-recover", rank) if line["type"] == "snapshots"]
+        assert [s["every"] for s in snaps] == [SNAPSHOT_EVERY]
+        assert not [line for line in _lines(out, "fsdp2-recover", rank) if line.get("kind") == "rollback"]
+
+
+def test_nan_weights_on_one_ranks_shard_roll_every_rank_back_to_the_same_snapshot_bit_equal(job):
+    """NaN written into rank 1's local shard of one weight after step ROLL_STEP was applied: the next step's
+    forward gathers it, the gate holds that step, and every rank restores the newest snapshot finite on
+    every rank (taken as step ROLL_STEP - 1 was let through): each rank's local shards of the weights and of
+    Adam's state after the rollback equal, bit for bit, those it held before that step was applied, and
+    training goes on."""
+    out, ranks, _ = job
+    held, target = ROLL_STEP + 1, ROLL_STEP - 1
+    for rank, mine in enumerate(ranks["fsdp2-rollnan"]):
+        assert mine["commits"] == [step != held for step in range(1, STEPS + 1)]
+        assert mine["halted_at"] is None and mine["grads_dropped"]
+        assert all(math.isfinite(loss) for step, loss in enumerate(mine["losses"], 1) if step != held)
+        rolls = [line for line in _lines(out, "fsdp2-rollnan", rank) if line.get("kind") == "rollback"]
+        assert [(r["step"], r["ranks"], r["snapshot"]["step"]) for r in rolls] == [(held, [1], target)]
+        assert "weights" in rolls[0]["restored"] and "optimizer state and its LRs" in rolls[0]["restored"]
+        restored, snapshot = mine["after_hold"][str(held)], mine["before"][str(target)]
+        assert sorted(restored) == sorted(snapshot) and any(k.endswith("exp_avg") for k in restored)
+        assert restored == snapshot
+    # each rank rolled back its own shards: they differ between the ranks
+    assert ranks["fsdp2-rollnan"][0]["after_hold"][str(held)] != ranks["fsdp2-rollnan"][1]["after_hold"][str(held)]
 
 
 def test_a_trainable_layer_no_rank_gets_a_gradient_for_is_named_at_the_first_step(job):
