@@ -141,8 +141,10 @@ weight fingerprint is compared (shards are no replicas, as under ZeRO-3); parame
 for at the first step are one `no-grad` event of the run (GRAD004). The run facts name the engine
 (`sharding_engine` fsdp1 / fsdp2; FSDP1's `fsdp_sharding_strategy`; its version is torch's): the diagnosis
 then ranks the causes that need DeepSpeed ZeRO `unlikely` (fact `fsdp-shown`, which they predict never).
-With `recover=True` a faulty step is held on every rank before it is applied; host snapshots (and so
-rollbacks) are off on FSDP shards, said at the first step.
+With `recover=True` a faulty step is held on every rank before it is applied; on FSDP2 host snapshots hold
+each rank's own shards (weights and optimizer state, `to_local()`, no collective) and a rollback restores them
+in place on every rank at the same step; on FSDP1's flat shards snapshots (and so rollbacks) are off, said at
+the first step.
 unreadable-tensors: an event in a rank's events file (and one console line on rank 0), once per parameter: a
 parameter the guard cannot read (one left on the meta device, a tensor type it cannot view) is left out of
 the update ratios; training and every other signal go on. Fix: nothing, unless that parameter should train."""
