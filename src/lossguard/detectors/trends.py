@@ -248,13 +248,17 @@ class LossDivergence(TrendDetector):
     overflowed step), and a run that trains on from there wastes every later step.
 
     Checked against the rest of the loss column: weights thrown out of their basin stay out (often at
-    chance, ln of the vocabulary), so a loss that rose above the mean of the run's first logs and whose
-    last five logs came back down under it (a warmup overshoot the decaying LR brings back, a switch to
-    data the model then learns) is no divergence; the finding stays as a warning that the loss jumped."""
+    chance, ln of the vocabulary, the same on every batch), so a loss that rose above the mean of the run's
+    first logs (those before the rise) and whose last five logs came back down under it (a warmup overshoot
+    the decaying LR brings back), or came more than half of the way back from its peak to under twice that
+    start while varying from batch to batch (a switch to harder data the model is learning), is no
+    divergence; the finding stays as a warning that the loss jumped. A live halt on it (`halt_on`, `watch
+    --halt-on`) waits `settle_logs` (20) logs for that column to speak; the finding is reported at once."""
 
     predicts = {
         "loss": "far above the start and staying there to the end of the log: no way back down (last logs "
-                "back under the run's first ones contradict it)",
+                "back under the run's first ones, or most of the way back and under twice them while varying "
+                "by batch, contradict it)",
         "grad_norm": "large or growing (an update that threw the weights out), or NaN/Inf later",
         "lr": "anything (too high for the run, often at the end of warmup)",
         "eval_loss": "rising with the training loss",
