@@ -34,6 +34,9 @@ RUN_ON = 12  # steps the job would run on after the fault: room for a late catch
 # The step the fault first shows in the loss: a NaN at once; an exploded LR in the loss of the next step.
 FIRST_HIT = {"nan": FAULT_AT, "explode": FAULT_AT + 1}
 CAUGHT_WITHIN = 2  # steps after the onset (issue #24)
+# Examples whose printed log shows no learning rate (Lightning's bar: the loss only): `watch` alone cannot see
+# that an exploded LR explains a finite divergence, so its halt waits (LOSS005.SETTLE_LOGS logs).
+NO_LR_PRINTED = ("live_lightning",)
 # Under 10 s a run on the 2-CPU box (most of it importing transformers): their NaN runs are in the default suite.
 CHEAP = ("live_raw", "live_accelerate", "live_lightning", "live_trl")
 
@@ -118,8 +121,14 @@ def test_example_guard_catches_the_fault_within_two_steps(tmp_path, name, fault)
 def test_watch_alone_catches_the_examples_fault_within_two_steps(tmp_path, name, fault):
     proc, data = _watch(name, tmp_path, *_fault(fault), steps=FAULT_AT + RUN_ON)
     assert data["verdict"] == "broken", data["findings"]
-    assert proc.returncode == 3 and data["watch"]["halted"] is True, (data["watch"], proc.stderr[-3000:])
     onset = FIRST_HIT[fault]
+    if fault == "explode" and name in NO_LR_PRINTED:
+        # A finite divergence with no LR in sight: a switch to harder data looks the same for its first logs,
+        # so the halt waits LOSS005's settle logs, longer than this run; found at once all the same.
+        assert proc.returncode == 0 and data["watch"]["halted"] is False, data["watch"]
+        assert onset <= data["onset_step"] <= onset + 2, data["findings"]
+        return
+    assert proc.returncode == 3 and data["watch"]["halted"] is True, (data["watch"], proc.stderr[-3000:])
     # An explosion is found at its first or second log (the fast divergence rule); Lightning's rich bar
     # redraws at most ten times a second, and a step it skipped is one the printed log never shows: there the
     # first NaN watch can read may be the next step's.

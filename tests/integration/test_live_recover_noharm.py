@@ -126,7 +126,7 @@ def test_halt_on_broken_still_stops_a_real_divergence(job):
     halts = {r["halted_at"] for r in ranks["diverge-halt"]}
     assert len(halts) == 1 and None not in halts
     halted = halts.pop()
-    assert halted <= 2 + LossDivergence._JUMP_STREAK + LossDivergence.settle_logs
+    assert halted <= 2 + LossDivergence._JUMP_STREAK + LossDivergence.SETTLE_LOGS
     assert _events(out, "diverge-halt", "halt-waived") == []
     assert [e["codes"] for e in _events(out, "diverge-halt", "halt")] == [["LOSS005"]] * 2
 

@@ -11,8 +11,8 @@ from lossguard.detectors.trends import LossDivergence
 from lossguard.watch.analyzer import LiveAnalyzer
 
 
-def _line(loss: float, step: int) -> bytes:
-    return f"{{'loss': {loss:.4f}, 'grad_norm': 1.5, 'learning_rate': 0.0001, 'epoch': {step / 100:.2f}}}\n".encode()
+def _line(loss: float, step: int, lr: float = 1e-4) -> bytes:
+    return f"{{'loss': {loss:.4f}, 'grad_norm': 1.5, 'learning_rate': {lr}, 'epoch': {step / 100:.2f}}}\n".encode()
 
 
 def _losses(shift: bool) -> list[float]:
@@ -24,11 +24,13 @@ def _losses(shift: bool) -> list[float]:
     return before + after
 
 
-def _feed(losses: list[float]) -> list:
+def _feed(losses: list[float], lr_from: int | None = None) -> list:
+    """`lr_from`: the LR is 1000x from that step on (a typo'd or exploded LR)."""
     live = LiveAnalyzer(halt_on="broken")
     alerts = []
     for step, loss in enumerate(losses, 1):
-        alerts += [(step, a) for a in live.feed(_line(loss, step))]
+        lr = 0.1 if lr_from is not None and step >= lr_from else 1e-4
+        alerts += [(step, a) for a in live.feed(_line(loss, step, lr))]
     return alerts
 
 
@@ -42,4 +44,11 @@ def test_a_divergence_that_stays_up_is_halted_once_its_logs_have_passed():
     alerts = _feed(_losses(shift=False))
     halts = [step for step, a in alerts if a.halt]
     first = next(step for step, a in alerts if a.diagnosis.signature == "divergence")
-    assert halts and first < halts[0] <= first + LossDivergence.settle_logs + 1, (first, halts)
+    assert halts and first < halts[0] <= first + LossDivergence.SETTLE_LOGS + 1, (first, halts)
+
+
+def test_a_divergence_right_after_the_lr_stepped_up_1000_fold_is_halted_at_once():
+    """The LR column explains the leap (no data multiplies the LR): no wait, halted at the finding."""
+    alerts = _feed(_losses(shift=False), lr_from=40)
+    halts = [step for step, a in alerts if a.halt]
+    assert halts and halts[0] <= 41 + LossDivergence._JUMP_STREAK, halts

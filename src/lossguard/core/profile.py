@@ -31,6 +31,9 @@ _RECUR_DISTINCT = 3
 _RECUR_REMEMBER = 65536  # windows remembered per rank: memory stays bounded on a million-line log
 
 
+# An LR this many times the one logged before it is a step change (a typo'd or injected LR, a warm restart).
+LR_RISE = 10.0
+
 # A loss this far above the reference (times it, and above it) is "far": divergence's fast rule.
 FAR_FACTOR, FAR_ABOVE = 3.0, 3.0
 
@@ -219,11 +222,13 @@ def _tiny_under(first: float) -> float:
 class LossProfile:
     """Every rank's profile (None = the run-level log), in the order ranks first logged a loss."""
 
-    __slots__ = ("_ranks", "mark")
+    __slots__ = ("_ranks", "mark", "_last_lr", "lr_rise")
 
     def __init__(self) -> None:
         self._ranks: dict[int | None, RankProfile] = {}
         self.mark: TrendMark | None = None  # the record being observed, set by the engine
+        self._last_lr: dict[int | None, float] = {}
+        self.lr_rise: dict[int | None, int] = {}  # rank -> the loss number of its last LR step change
 
     def get(self, rank: int | None) -> RankProfile | None:
         return self._ranks.get(rank)
@@ -245,4 +250,25 @@ class LossProfile:
             if not any(loss is not None and math.isfinite(loss) for loss in losses[lo:hi]):
                 return {}  # a rank gets its profile with its first loss
             profile = self._ranks[rank] = RankProfile()
+        if (lrs := columns.get("lr")) is not None:
+            self._note_lr_rise(rank, profile.num, losses, lrs, lo, hi)
         return profile.run(losses, steps, grads, lo, hi)
+
+    def _note_lr_rise(self, rank: int | None, num: int, losses: list, lrs: list, lo: int, hi: int) -> None:
+        """The loss number (as `TrendMark.seq` counts them) of the last log whose LR rose LR_RISE-fold or more
+        over the LR logged before it: a step change no warmup makes (linear warmup at most doubles from one
+        log to the next; a start from 0 is no rise). A divergence right after one has its cause in sight."""
+        last, rise = self._last_lr.get(rank), self.lr_rise.get(rank)
+        for index in range(lo, hi):
+            loss = losses[index]
+            if loss is not None and math.isfinite(loss):
+                num += 1
+            lr = lrs[index]
+            if lr is None or not lr > 0:
+                continue
+            if last is not None and lr >= LR_RISE * last:
+                rise = num + (0 if loss is not None and math.isfinite(loss) else 1)
+            last = lr
+        self._last_lr[rank] = last
+        if rise is not None:
+            self.lr_rise[rank] = rise

@@ -233,11 +233,6 @@ class LossFlatTinyGrad(LossNotLearning):
             flat.first_step, rank, start=start, end=end, mean_grad_norm=grad)
 
 
-# Batch-to-batch spread (of the loss's mean) over the last logs under which the loss is one value whatever
-# the batch: a model at chance. A model that reads its data scores every batch differently.
-_READS_DATA = 0.01
-
-
 @register
 class LossDivergence(TrendDetector):
     """LOSS005: the loss climbs far above where it started (over twice the lowest of the first logs and
@@ -253,7 +248,8 @@ class LossDivergence(TrendDetector):
     the decaying LR brings back), or came more than half of the way back from its peak to under twice that
     start while varying from batch to batch (a switch to harder data the model is learning), is no
     divergence; the finding stays as a warning that the loss jumped. A live halt on it (`halt_on`, `watch
-    --halt-on`) waits `settle_logs` (20) logs for that column to speak; the finding is reported at once."""
+    --halt-on`) waits 20 logs for that column to speak, unless the LR stepped up 10-fold within the 3 logs
+    before the rise (no data does that: the LR explains it); the finding is reported at once."""
 
     predicts = {
         "loss": "far above the start and staying there to the end of the log: no way back down (last logs "
@@ -273,14 +269,21 @@ class LossDivergence(TrendDetector):
     _JUMP_STREAK = 2  # logs in a row that are far (the profile's FAR_FACTOR and FAR_ABOVE)
     # A switch to harder data looks like a divergence for its first logs; a model learning it brings the
     # loss down within a few dozen steps, weights thrown out of their basin do not. A live halt waits this
-    # long for that column to speak (the finding itself is reported at once).
-    settle_logs = 20
+    # long for that column to speak (the finding itself is reported at once), unless the LR column already
+    # explains the jump: a step change of the LR at most LR_RISE_BEFORE logs before it (no data does that).
+    SETTLE_LOGS, LR_RISE_BEFORE = 20, 3
+    _READS_DATA = 0.01  # spread of the last losses (of their mean) under which every batch scores alike: chance
+
+    @property
+    def settle_logs(self) -> int:
+        return 0 if self._lr_explains else self.SETTLE_LOGS
 
     def __init__(self) -> None:
         super().__init__()
         self._peak: dict[int | None, float] = {}  # each rank's highest loss among its high ones
         self._peak_seq: dict[int | None, int] = {}  # its number among the rank's losses
         self._onset_seq: dict[int | None, int] = {}  # the number of the first loss of the run that fired
+        self._lr_explains = False  # the LR stepped up just before the rise that fired
 
     def contradiction(self) -> str | None:
         flat = self.profile.get(self.fired.rank)
@@ -309,7 +312,7 @@ class LossDivergence(TrendDetector):
         # above the start, or sit at chance: ln of the vocabulary on every batch alike, whatever the data.
         # Every one of the last logs comes after the peak: a way down, not the climb up to it.
         after_peak = self._peak_seq[self.fired.rank] <= flat.num - logs
-        reads_data = max(flat.tail) - min(flat.tail) > _READS_DATA * last
+        reads_data = max(flat.tail) - min(flat.tail) > self._READS_DATA * last
         if after_peak and reads_data and last < min(2.0 * start, start + 2.0) \
                 and last < peak - 0.5 * (peak - flat.minimum):
             return (f"the loss came down from its peak {peak:.4g} to {last:.4g} over its last {logs} logs, more "
@@ -324,7 +327,9 @@ class LossDivergence(TrendDetector):
             self._peak[record.rank], self._peak_seq[record.rank] = mark.loss, mark.seq
         (count, since), (far, far_since) = mark.high_run, mark.far_run  # runs of consecutive losses
         if self.fired is None and (far >= self._JUMP_STREAK or count >= self._STREAK):
-            self._onset_seq[record.rank] = mark.seq - (far if far >= self._JUMP_STREAK else count) + 1
+            onset = self._onset_seq[record.rank] = mark.seq - (far if far >= self._JUMP_STREAK else count) + 1
+            rise = self.profile.lr_rise.get(record.rank)
+            self._lr_explains = rise is not None and onset - self.LR_RISE_BEFORE <= rise <= onset
         if far >= self._JUMP_STREAK:
             return self.emit(f"loss jumped from about {mark.reference:.3g} to {mark.loss:.3g} at step "
                              f"{far_since} and stayed above three times its start for {far} logs: an "
