@@ -27,6 +27,7 @@ EXAMPLES = {
     "live_accelerate": (["accelerate", "transformers"], "halt-step{k}"),
     "live_lightning": (["lightning", "transformers"], "halt/lossguard-halt-step{k}.ckpt"),
     "live_raw": ([], "halt-step{k}.pt"),
+    "live_fsdp2": ([], "halt-step{k}.pt"),
 }
 STEPS = 20  # a healthy run: enough logs for the trend detectors (flat, divergence, at chance) to judge it
 FAULT_AT = 3  # two healthy steps first
@@ -38,7 +39,7 @@ CAUGHT_WITHIN = 2  # steps after the onset (issue #24)
 # that an exploded LR explains a finite divergence, so its halt waits (LOSS005.SETTLE_LOGS logs).
 NO_LR_PRINTED = ("live_lightning",)
 # Under 10 s a run on the 2-CPU box (most of it importing transformers): their NaN runs are in the default suite.
-CHEAP = ("live_raw", "live_accelerate", "live_lightning", "live_trl")
+CHEAP = ("live_raw", "live_fsdp2", "live_accelerate", "live_lightning", "live_trl")
 
 
 def _cases() -> list:
