@@ -19,11 +19,11 @@ import socket
 
 import torch
 import torch.distributed as dist
+from live_raw import EXPLODE, SEQ, VOCAB, Counter  # the same model and data as the plain loop
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import lossguard
-from live_raw import EXPLODE, SEQ, VOCAB, Counter  # the same model and data as the plain loop
 
 
 def start_group() -> None:
