@@ -259,6 +259,15 @@ class LossProfile:
         over the LR logged before it: a step change no warmup makes (linear warmup at most doubles from one
         log to the next; a start from 0 is no rise). A divergence right after one has its cause in sight."""
         last, rise = self._last_lr.get(rank), self.lr_rise.get(rank)
+        # Most runs of records hold no step change: builtins over the slice tell (every LR finite and positive,
+        # the highest under LR_RISE times the lowest, the previous one included) without the per-record loop.
+        present = list(filter(None, lrs[lo:hi]))
+        if not present:
+            return
+        low = min(present) if last is None else min(min(present), last)
+        if low > 0 and math.isfinite(sum(present)) and max(present) < LR_RISE * low:
+            self._last_lr[rank] = present[-1]
+            return
         for index in range(lo, hi):
             loss = losses[index]
             if loss is not None and math.isfinite(loss):
